@@ -1,0 +1,230 @@
+"""autotune's command line: one small function per command, each returning an exit code.
+
+Bad input is one line on stderr and exit code 2, checked before anything is stored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from autotune import __version__
+from autotune.errors import AutotuneError, ConfigError
+
+EPILOG = """examples:
+  autotune run --model qwen2.5-7b --gpus 8              # search, store, export best.yaml
+  autotune run --model qwen2.5-7b --gpus 8 --config tune.yaml --trials 60
+  autotune show --out autotune-out                       # the stored trials
+  autotune export --out autotune-out                     # best.yaml from the stored study
+  autotune models                                        # known models and their shapes
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
+        self.exit(2, f"autotune: error: {message}\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="autotune", description="Find the fastest way to run a verl GRPO training job.",
+                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"autotune {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    run = sub.add_parser("run", help="search for the fastest configuration and export it")
+    run.add_argument("--model", help="model name (see `autotune models`); or `model:` in tune.yaml")
+    run.add_argument("--gpus", type=_int, required=True, help="GPUs per node")
+    run.add_argument("--nodes", type=_int, default=1, help="nodes (default 1)")
+    run.add_argument("--backend", default="auto", help="sim | torch | verl | auto (default: auto)")
+    run.add_argument("--trials", type=_positive_int, default=40,
+                     help="finished trials the study should hold (a second run resumes up to this; default 40)")
+    run.add_argument("--storage", help="SQLAlchemy URL of the study database (default: sqlite:///OUT/autotune.db)")
+    run.add_argument("--study", help="study name (default: MODEL-NODESxGPUS-BACKEND)")
+    run.add_argument("--out", default="autotune-out", help="output folder (default ./autotune-out)")
+    run.add_argument("--seed", type=_int, default=None, help="sampler seed")
+    run.add_argument("--config", type=Path, help="tune.yaml: workload, pinned knobs, narrowed ranges")
+    run.add_argument("--gpu", help="GPU type when none is detected (default H200; see hardware table)")
+    run.add_argument("--quiet", action="store_true", help="no per-trial lines")
+    run.set_defaults(func=cmd_run)
+
+    models = sub.add_parser("models", help="list the known models and their shapes")
+    models.set_defaults(func=cmd_models)
+
+    for name, helptext, func in (("show", "print a stored study's trials", "cmd_show"),
+                                 ("export", "write best.yaml from a stored study", "cmd_export")):
+        cmd = sub.add_parser(name, help=helptext)
+        cmd.add_argument("--out", default="autotune-out", help="output folder (default ./autotune-out)")
+        cmd.add_argument("--storage", help="study database URL (default: sqlite:///OUT/autotune.db)")
+        cmd.add_argument("--study", help="study name (default: the only study in the storage)")
+        cmd.set_defaults(func=globals()[func])
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except AutotuneError as exc:
+        print(f"autotune: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("autotune: interrupted; finished trials are stored, run the same command to resume", file=sys.stderr)
+        return 130
+
+
+# ---- run ------------------------------------------------------------------------------------------------
+
+def _check_out_dir(out: str) -> Path:
+    path = Path(out).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".autotune-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: not a writable folder ({exc.strerror or exc})") from None
+    return path
+
+
+def build_tune_config(args) -> "TuneConfig":
+    """Validate everything the user gave, without touching storage."""
+    from autotune.config import TuneConfig, check_study_name, default_study_name, load_tune_yaml
+    from autotune.hardware import DEFAULT_GPU, detect_gpus, get_gpu, match_device_name
+    from autotune.models import get_model
+    from autotune.objectives.select import choose_backend
+    from autotune.search.driver import build_space
+    from autotune.search.feasibility import require_fit
+    from autotune.storage.urls import check_storage_url, default_storage_url
+
+    if args.gpus < 1:
+        raise ConfigError(f"--gpus must be at least 1, but got --gpus {args.gpus}")
+    if args.nodes < 1:
+        raise ConfigError(f"--nodes must be at least 1, but got --nodes {args.nodes}")
+    tune = load_tune_yaml(args.config)
+    model_name = args.model or tune.model
+    if not model_name:
+        raise ConfigError("--model is required (or `model:` in tune.yaml); see `autotune models`")
+    model = get_model(model_name)
+    detected = detect_gpus()
+    choice = choose_backend(args.backend, detected)
+    if choice.name != "sim" and detected is not None and args.nodes == 1 and args.gpus > detected.count:
+        raise ConfigError(f"--gpus {args.gpus} but this machine has {detected.count} GPU(s)")
+    gpu_name = args.gpu or tune.gpu
+    if gpu_name:
+        gpu = get_gpu(gpu_name)
+    elif detected is not None and match_device_name(detected.device_name):
+        gpu = match_device_name(detected.device_name)
+    else:
+        gpu = get_gpu(DEFAULT_GPU)
+    out_dir = _check_out_dir(args.out)
+    storage_url = check_storage_url(args.storage or default_storage_url(out_dir))
+    study = check_study_name(args.study or default_study_name(model, args.gpus, args.nodes, choice.name))
+    cfg = TuneConfig(model=model, gpu=gpu, gpus_per_node=args.gpus, nodes=args.nodes, backend=choice.name,
+                     trials=args.trials, storage_url=storage_url, study_name=study, out_dir=out_dir, seed=args.seed,
+                     workload=tune.workload, fixed=tune.fixed, ranges=tune.ranges, tune_workload=tune.tune_workload,
+                     probe=tune.probe)
+    build_space(cfg)  # validates fixed/ranges/tune_workload against the model and GPU count
+    require_fit(model, gpu, cfg.workload, gpus_per_node=cfg.gpus_per_node, nodes=cfg.nodes)
+    if choice.note:
+        print(choice.note)
+    return cfg
+
+
+def cmd_run(args) -> int:
+    from autotune.objectives.base import get_runner
+    from autotune.search.driver import run_study
+    from autotune.storage.results import export_best, summary, write_result_json
+    from autotune.ui import print_best_table, trial_line
+
+    cfg = build_tune_config(args)
+    runner = get_runner(cfg.backend)
+    on_trial = None if args.quiet else (lambda t: print(trial_line(t)))
+    study = run_study(cfg, runner, on_trial=on_trial)
+    doc = summary(study, cfg.storage_url)
+    if doc["best"] is not None:
+        best_yaml = export_best(study, cfg.out_dir)
+        doc["best_yaml"] = str(best_yaml)
+    result = write_result_json(cfg.out_dir / "result.json", doc)
+    print_best_table(study, simulated=doc["simulated"])
+    if doc["best"] is None:
+        print(f"no feasible configuration found in {doc['trials_total']} trials; nothing exported "
+              f"(see `autotune show --out {args.out}`)")
+        return 1
+    print(f"wrote {doc['best_yaml']} and {result}")
+    return 0
+
+
+# ---- models, show, export ---------------------------------------------------------------------------------
+
+def cmd_models(args) -> int:
+    from autotune.ui import print_models
+
+    print_models()
+    return 0
+
+
+def _load_study(args):
+    import optuna
+
+    from autotune.storage.urls import default_storage_url, open_storage
+
+    out_dir = Path(args.out).expanduser()
+    url = args.storage or default_storage_url(out_dir)
+    if not args.storage and not (out_dir / "autotune.db").is_file():
+        raise ConfigError(f"no study database at {out_dir / 'autotune.db'}; run `autotune run` first or pass --storage")
+    storage = open_storage(url)
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
+    if args.study:
+        if args.study not in names:
+            raise ConfigError(f"no study {args.study!r} in {url}; studies: {', '.join(names) or 'none'}")
+        name = args.study
+    elif len(names) == 1:
+        name = names[0]
+    else:
+        raise ConfigError(f"{len(names)} studies in the storage; pick one with --study ({', '.join(names) or 'none'})")
+    return optuna.load_study(study_name=name, storage=storage), out_dir
+
+
+def cmd_show(args) -> int:
+    from autotune.ui import print_trials
+
+    study, _ = _load_study(args)
+    print_trials(study)
+    return 0
+
+
+def cmd_export(args) -> int:
+    from autotune.storage.results import export_best
+
+    study, out_dir = _load_study(args)
+    _check_out_dir(str(out_dir))
+    path = export_best(study, out_dir)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

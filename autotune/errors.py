@@ -1,0 +1,64 @@
+"""Exception hierarchy: what went wrong, in words a user can act on.
+
+`AutotuneError` and its subclasses carry a one-line message; the CLI prints it and exits 2
+(bad input) or 1 (a run that failed), never a traceback.
+"""
+
+from __future__ import annotations
+
+
+class AutotuneError(Exception):
+    """Base class: the message is shown to the user as one line."""
+
+    exit_code = 1
+
+
+class ConfigError(AutotuneError):
+    """Bad input: an unknown name, a value out of range, a broken tune.yaml, an unusable URL."""
+
+    exit_code = 2
+
+
+class BackendUnavailable(AutotuneError):
+    """The chosen probe backend cannot run here (missing extra, no GPU, not implemented)."""
+
+    exit_code = 2
+
+
+class StorageError(AutotuneError):
+    """The study database cannot be opened or written."""
+
+    exit_code = 2
+
+
+class ProbeError(AutotuneError):
+    """A probe did not produce a measurement."""
+
+
+class ProbeOOM(ProbeError):
+    """The probe ran out of GPU memory: a property of the candidate, taught to the sampler.
+
+    `over_gib` grades the violation for the sampler (how far past capacity, or the size of the
+    failed allocation when that is all the log says); `phase` names the GRPO phase that failed.
+    """
+
+    def __init__(self, message: str, *, phase: str | None = None, over_gib: float | None = None,
+                 peak_mem_gib: float | None = None) -> None:
+        super().__init__(message)
+        self.phase = phase
+        self.over_gib = over_gib
+        self.peak_mem_gib = peak_mem_gib
+
+
+class ProbeTimeout(ProbeError):
+    """The probe exceeded its deadline or stopped making progress."""
+
+
+class ProbeCrashed(ProbeError):
+    """The probe died for a reason that is not the candidate's memory use."""
+
+
+class ProbeEnvironmentError(ProbeError):
+    """The probe cannot run on this machine at all (missing package, no GPU, bad path): stop the study."""
+
+    exit_code = 2

@@ -1,0 +1,122 @@
+"""GPU table (peak dense bf16 FLOP/s, memory, bandwidths) and detection through pynvml.
+
+Peak FLOP/s values are verl's `_DEVICE_FLOPS` (verl/utils/flops_counter.py:22-45, verl 0.9.1) so that
+our MFU and verl's `perf/mfu/actor` use the same denominator. Memory and bandwidths are the vendors'
+data sheets; usable memory is what `nvidia-smi` reports (H200: 143771 MiB measured, see
+autotune/data/h200-train-probe.json's provenance in docs/calibration.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.errors import ConfigError
+
+GIB = 2**30
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuSpec:
+    name: str
+    peak_bf16_flops: float  # dense, per GPU (verl's _DEVICE_FLOPS)
+    mem_gib: float  # usable device memory as the driver reports it
+    hbm_bytes_per_s: float  # memory bandwidth (data sheet)
+    intra_node_bytes_per_s: float  # NVLink (or PCIe) bandwidth per GPU, one direction
+    inter_node_bytes_per_s: float  # network bandwidth per GPU, one direction
+    host_link_bytes_per_s: float  # PCIe host<->device, one direction (offload traffic)
+    source: str
+
+
+_NVLINK4 = 450e9  # NVLink 4: 900 GB/s bidirectional per GPU
+_IB_400G = 50e9  # one 400 Gb/s NIC per GPU
+_PCIE5 = 55e9  # PCIe 5.0 x16 ~ 64 GB/s raw, ~55 GB/s achieved
+_PCIE4 = 25e9
+
+GPUS: dict[str, GpuSpec] = {
+    g.name: g
+    for g in (
+        GpuSpec(name="H200", peak_bf16_flops=989e12, mem_gib=143771 / 1024, hbm_bytes_per_s=4.8e12,
+                intra_node_bytes_per_s=_NVLINK4, inter_node_bytes_per_s=_IB_400G, host_link_bytes_per_s=_PCIE5,
+                source="https://www.nvidia.com/en-us/data-center/h200/"),
+        GpuSpec(name="H100-80GB", peak_bf16_flops=989e12, mem_gib=81559 / 1024, hbm_bytes_per_s=3.35e12,
+                intra_node_bytes_per_s=_NVLINK4, inter_node_bytes_per_s=_IB_400G, host_link_bytes_per_s=_PCIE5,
+                source="https://www.nvidia.com/en-us/data-center/h100/"),
+        GpuSpec(name="H800", peak_bf16_flops=989e12, mem_gib=81559 / 1024, hbm_bytes_per_s=3.35e12,
+                intra_node_bytes_per_s=200e9, inter_node_bytes_per_s=_IB_400G, host_link_bytes_per_s=_PCIE5,
+                source="NVIDIA H800 data sheet (NVLink 400 GB/s bidirectional)"),
+        GpuSpec(name="H20", peak_bf16_flops=148e12, mem_gib=97871 / 1024, hbm_bytes_per_s=4.0e12,
+                intra_node_bytes_per_s=_NVLINK4, inter_node_bytes_per_s=_IB_400G, host_link_bytes_per_s=_PCIE5,
+                source="NVIDIA H20 data sheet; peak from verl _DEVICE_FLOPS"),
+        GpuSpec(name="A100-80GB", peak_bf16_flops=312e12, mem_gib=81920 / 1024, hbm_bytes_per_s=2.039e12,
+                intra_node_bytes_per_s=300e9, inter_node_bytes_per_s=25e9, host_link_bytes_per_s=_PCIE4,
+                source="https://www.nvidia.com/en-us/data-center/a100/"),
+        GpuSpec(name="A100-40GB", peak_bf16_flops=312e12, mem_gib=40960 / 1024, hbm_bytes_per_s=1.555e12,
+                intra_node_bytes_per_s=300e9, inter_node_bytes_per_s=25e9, host_link_bytes_per_s=_PCIE4,
+                source="https://www.nvidia.com/en-us/data-center/a100/"),
+        GpuSpec(name="L40S", peak_bf16_flops=362.05e12, mem_gib=46068 / 1024, hbm_bytes_per_s=0.864e12,
+                intra_node_bytes_per_s=_PCIE4, inter_node_bytes_per_s=25e9, host_link_bytes_per_s=_PCIE4,
+                source="https://www.nvidia.com/en-us/data-center/l40s/"),
+        GpuSpec(name="B200", peak_bf16_flops=2.25e15, mem_gib=183359 / 1024, hbm_bytes_per_s=8.0e12,
+                intra_node_bytes_per_s=900e9, inter_node_bytes_per_s=_IB_400G, host_link_bytes_per_s=_PCIE5,
+                source="https://www.nvidia.com/en-us/data-center/dgx-b200/"),
+    )
+}
+
+DEFAULT_GPU = "H200"
+
+
+def get_gpu(name: str) -> GpuSpec:
+    """Exact (case-insensitive) lookup; a miss lists the choices."""
+    for key, spec in GPUS.items():
+        if key.lower() == name.lower():
+            return spec
+    raise ConfigError(f"unknown GPU type {name!r}; known: {', '.join(GPUS)}")
+
+
+def match_device_name(device_name: str) -> GpuSpec | None:
+    """Map a driver name ("NVIDIA H200", "NVIDIA H100 80GB HBM3") to a table entry.
+
+    Longest key first, as verl does with reverse-sorted keys, so "H200" wins over "H20".
+    """
+    upper = device_name.upper()
+    for key in sorted(GPUS, key=len, reverse=True):
+        family = key.split("-")[0]
+        if family in upper and (("-" not in key) or key.split("-")[1] in upper.replace(" ", "")):
+            return GPUS[key]
+    for key in sorted(GPUS, key=len, reverse=True):
+        if key.split("-")[0] in upper:
+            return GPUS[key]
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DetectedGpus:
+    count: int
+    device_name: str
+    total_mem_gib: float
+    driver: str
+
+
+def detect_gpus() -> DetectedGpus | None:
+    """GPUs visible to this process via NVML; None when NVML or a GPU is absent."""
+    try:
+        import pynvml  # nvidia-ml-py
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # NVMLError_LibraryNotFound, driver missing: no GPU here
+        return None
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        if count == 0:
+            return None
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        name = pynvml.nvmlDeviceGetName(handle)
+        name = name.decode() if isinstance(name, bytes) else name
+        total = pynvml.nvmlDeviceGetMemoryInfo(handle).total / GIB
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        driver = driver.decode() if isinstance(driver, bytes) else driver
+        return DetectedGpus(count=count, device_name=name, total_mem_gib=total, driver=driver)
+    finally:
+        pynvml.nvmlShutdown()

@@ -1,0 +1,82 @@
+"""Every constant of the memory and cost model, in one place, with where it comes from.
+
+"fitted" constants were fitted by `benchmarks/fit_calibration.py` to the H200 measurements in
+`autotune/data/h200-*.json` (copied from ../shared/calibration/, measured 2026-12-02 on one H200,
+PyTorch 2.11, transformers 5.17, sdpa attention, bf16 Qwen2.5 shapes with random weights). The fit
+and its error on every row are printed by that script and checked by tests/objectives/test_calibration.py.
+"prior" constants have no measurement behind them here (vLLM and multi-GPU communication could not be
+measured on this machine); they come from the cited source and are labelled as such in docs/model.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActivationConstants:
+    # Bytes saved for backward per token per layer without checkpointing, bf16:
+    # per_h * hidden + per_i * (MLP intermediate width). Korthikanti et al. 2022 (arXiv 2205.05198)
+    # give 34*h for a GPT layer; Qwen2's SwiGLU MLP and fp32 RMSNorm upcasts change the split. fitted.
+    per_h: float
+    per_i: float
+    # With checkpointing only the layer input is kept (2 bytes * hidden per layer), plus one layer's
+    # activations during recompute.
+    ckpt_per_h: float = 2.0
+    # Logits: bf16 logits (2 B) + fp32 log-probs (4 B) held until backward finishes, and fp32 softmax
+    # gradients (8 B) alive at the start of backward. fitted (train rows).
+    logits_retained_bytes: float
+    logits_transient_bytes: float
+    # Forward-only log-prob pass: bf16 logits + fp32 upcast + fp32 log_softmax. fitted (logprob rows).
+    logits_forward_bytes: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThroughputConstants:
+    # Training MFU (verl's FLOPs) vs tokens per micro-batch: mfu_max(h) * t / (t + t_half(h)), with
+    # mfu_max and t_half log-linear in hidden size. fitted (train rows, no checkpointing).
+    mfu_max_at_h2048: float
+    mfu_max_log2_slope: float  # change of mfu_max per doubling of hidden size
+    mfu_max_cap: float
+    t_half_tokens_at_h2048: float
+    t_half_log2_slope: float  # multiplicative change of t_half per doubling of hidden size
+    ckpt_throughput_factor: float  # full recompute (fitted on the ckpt rows)
+    forward_mfu_factor: float  # forward-only MFU relative to training MFU at the same tokens (fitted)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutConstants:
+    """vLLM decode/prefill: priors, not measured here (vLLM cannot be installed on the GPU machine)."""
+
+    decode_hbm_efficiency: float = 0.75  # fraction of HBM bandwidth a decode step reaches (weights + KV reads)
+    decode_step_overhead_s: float = 0.004  # scheduler + sampling + launch per step with CUDA graphs
+    prefill_mfu: float = 0.45  # compute-bound prefill, 2N FLOPs per token
+    tp_allreduce_latency_s: float = 8e-6  # per all-reduce, NVLink, small messages (NCCL tests)
+    activation_reserve_gib: float = 1.5  # vLLM's profiled activation peak inside gpu_memory_utilization
+    sampler_logits_bytes: float = 4.0  # fp32 logits per sampled sequence per vocab entry
+    sleep_residual_gib: float = 1.0  # CUDA graphs + allocator pool kept while vLLM sleeps (free_cache_engine)
+    unchunked_prefill_stall: float = 1.0  # share of prefill time not overlapped with decode without chunking
+    chunked_prefill_stall: float = 0.35
+
+
+@dataclass(frozen=True, kw_only=True)
+class SystemConstants:
+    """Overheads and communication efficiency: priors."""
+
+    cuda_context_gib: float = 0.6  # CUDA context + cuBLAS workspace, outside max_memory_allocated
+    nccl_buffers_gib: float = 0.8  # NCCL channels when world > 1
+    allocator_fragmentation: float = 1.06  # reserved / allocated at peak in PyTorch's caching allocator
+    collective_efficiency: float = 0.7  # achieved / link bandwidth for large NCCL collectives
+    comm_overlap: float = 0.7  # share of FSDP/DP communication hidden behind compute
+    step_fixed_s: float = 2.0  # reward, advantage, data loading, Ray dispatch per step
+    weight_sync_fixed_s: float = 0.5  # update_weights per-call latency (bucketing, IPC handles)
+    host_link_efficiency: float = 0.8  # pinned-memory H2D/D2H of offloaded states
+
+
+ACTIVATIONS = ActivationConstants(per_h=16.0, per_i=8.0, logits_retained_bytes=6.0,
+                                  logits_transient_bytes=8.0, logits_forward_bytes=10.0)
+THROUGHPUT = ThroughputConstants(mfu_max_at_h2048=0.48, mfu_max_log2_slope=0.12, mfu_max_cap=0.62,
+                                 t_half_tokens_at_h2048=700.0, t_half_log2_slope=0.55,
+                                 ckpt_throughput_factor=0.80, forward_mfu_factor=0.97)
+ROLLOUT = RolloutConstants()
+SYSTEM = SystemConstants()

@@ -1,0 +1,207 @@
+"""Analytic time model of one verl GRPO step, by phase.
+
+Phases follow verl's `timing_s/*` (trainer/ppo/v1/trainer_base.py): gen (vLLM rollout, including
+wake-up and sleep), old_log_prob, ref, update_actor, update_weights, plus a fixed per-step cost.
+Training and forward passes are compute-bound with an MFU that grows with tokens per micro-batch
+(fitted to H200 measurements); decode is bandwidth-bound with KV-limited concurrency; collectives
+use link bandwidth x efficiency with partial overlap. Constants: objectives/calibration.py.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autotune.hardware import GpuSpec
+from autotune.models import ModelSpec
+from autotune.objectives.calibration import ROLLOUT, SYSTEM, THROUGHPUT, ThroughputConstants
+from autotune.objectives.flops import train_flops_uniform
+from autotune.objectives.memory import (BF16, FP32, actor_state_bytes, kv_bytes_per_token, tokens_per_micro_batch,
+                                        train_activation_bytes, vllm_kv_cache_bytes)
+from autotune.spaces.candidate import Candidate
+from autotune.spaces.layout import ParallelLayout
+from autotune.workload import Workload
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepTime:
+    phase_s: dict[str, float]
+    step_s: float
+    tokens_per_step: float
+    tokens_per_s_per_gpu: float
+    mfu_actor: float  # verl's perf/mfu/actor: update_actor FLOPs / time / peak / world
+    rollout_concurrency: float  # sequences decoded at once per vLLM replica
+
+
+def train_mfu(tokens_per_micro: float, hidden_per_gpu: float, c: ThroughputConstants = THROUGHPUT) -> float:
+    """Training MFU (verl FLOPs) at this many tokens per micro-batch and this GEMM width."""
+    doublings = math.log2(max(hidden_per_gpu, 64) / 2048)
+    mfu_max = min(c.mfu_max_at_h2048 + c.mfu_max_log2_slope * doublings, c.mfu_max_cap)
+    t_half = c.t_half_tokens_at_h2048 * (c.t_half_log2_slope ** doublings)
+    return max(mfu_max, 0.05) * tokens_per_micro / (tokens_per_micro + t_half)
+
+
+def _collective_s(bytes_per_gpu: float, group: int, link_bytes_per_s: float) -> float:
+    """Ring collective time: (g-1)/g of the payload crosses each link."""
+    if group <= 1:
+        return 0.0
+    return bytes_per_gpu * (group - 1) / group / (link_bytes_per_s * SYSTEM.collective_efficiency)
+
+
+def _link(gpu: GpuSpec, group: int, gpus_per_node: int) -> float:
+    return gpu.intra_node_bytes_per_s if group <= gpus_per_node else gpu.inter_node_bytes_per_s
+
+
+def _host_copy_s(nbytes: float, gpu: GpuSpec) -> float:
+    return nbytes / (gpu.host_link_bytes_per_s * SYSTEM.host_link_efficiency)
+
+
+def _hidden_per_gpu(model: ModelSpec, cand: Candidate) -> float:
+    return model.hidden_size / (cand.actor_tp if cand.is_megatron else 1)
+
+
+def _pass_s(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate, layout: ParallelLayout, *,
+            forward_only: bool, role: str = "actor") -> tuple[float, float]:
+    """(seconds, FLOPs) for one rank's share of a full-batch pass (all mini-batches, all epochs)."""
+    seq = workload.mean_seq_len if cand.use_remove_padding else workload.seq_len
+    seqs_per_rank = layout.trajectories_per_rank
+    split = cand.actor_tp * cand.actor_cp * cand.actor_pp if cand.is_megatron else cand.ulysses_sp
+    flops = train_flops_uniform(model, seqs_per_rank, seq) / split
+    if forward_only:
+        flops /= 3.0
+    else:
+        flops *= workload.ppo_epochs
+    tok_micro = tokens_per_micro_batch(cand, workload, forward_only=forward_only, role=role)
+    if cand.use_dynamic_bsz:
+        tok_micro *= 0.92  # greedy packing fills ~92% of the budget (seqlen_balancing karmarkar-karp)
+    per_gpu_tokens = tok_micro / (cand.actor_tp * cand.actor_cp if cand.is_megatron else cand.ulysses_sp)
+    mfu = train_mfu(per_gpu_tokens, _hidden_per_gpu(model, cand))
+    if forward_only:
+        mfu *= THROUGHPUT.forward_mfu_factor
+    elif cand.gradient_checkpointing:
+        mfu *= THROUGHPUT.ckpt_throughput_factor
+    compute_s = flops / (mfu * gpu.peak_bf16_flops)
+
+    n_micro = max(seqs_per_rank * seq / max(tok_micro, 1.0), 1.0) * (1 if forward_only else workload.ppo_epochs)
+    comm_s = _parallel_comm_s(model, gpu, cand, layout, n_micro=n_micro, tok_micro=tok_micro,
+                              forward_only=forward_only)
+    hidden = comm_s * SYSTEM.comm_overlap
+    total = compute_s + max(comm_s - min(hidden, compute_s), 0.0)
+    if cand.is_megatron and cand.actor_pp > 1 and not forward_only:
+        m = n_micro / max(workload.train_batch_size // workload.ppo_mini_batch_size, 1)
+        bubble = (cand.actor_pp - 1) / (cand.actor_vpp * m + cand.actor_pp - 1)
+        total /= (1 - bubble)
+    if cand.activation_offload and not forward_only:
+        act = train_activation_bytes(model, tok_micro, layers=model.num_layers, checkpointing=cand.gradient_checkpointing)
+        total += 0.5 * 2 * _host_copy_s(act, gpu) * n_micro  # D2H in forward, H2D in backward, half hidden
+    return total, flops
+
+
+def _parallel_comm_s(model: ModelSpec, gpu: GpuSpec, cand: Candidate, layout: ParallelLayout, *,
+                     n_micro: float, tok_micro: float, forward_only: bool) -> float:
+    """Communication per full-batch pass on one rank."""
+    n = model.param_count()
+    passes = 1 if forward_only else 2  # all-gather for forward, again for backward (reshard_after_forward)
+    if not cand.is_megatron:
+        world = layout.world_size
+        link = _link(gpu, world, layout.gpus_per_node)
+        gather = _collective_s(BF16 * n, world, link) * passes * n_micro
+        reduce = 0.0 if forward_only else _collective_s(FP32 * n, world, link) * n_micro
+        sp = cand.ulysses_sp
+        a2a = 0.0
+        if sp > 1:  # 4 all-to-alls per layer (q, k, v, out) forward, again backward
+            a2a_bytes = tok_micro / sp * model.hidden_size * BF16 * 4 * model.num_layers * passes
+            a2a = _collective_s(a2a_bytes, sp, gpu.intra_node_bytes_per_s) * n_micro
+        return gather + reduce + a2a
+    tp, cp, dp = cand.actor_tp, cand.actor_cp, max(layout.dp, 1)
+    layers = model.num_layers / cand.actor_pp
+    # TP with sequence parallel: 2 all-gathers + 2 reduce-scatters of the activations per layer per pass
+    tp_bytes = tok_micro / cp * model.hidden_size * BF16 * 4 * layers * passes / 2
+    tp_s = _collective_s(tp_bytes, tp, gpu.intra_node_bytes_per_s) * n_micro
+    if cand.cuda_device_max_connections != 1:
+        tp_s *= 1.3  # no kernel-ordering guarantee: TP collectives overlap worse (Megatron docs)
+    cp_s = _collective_s(tok_micro / cp * model.kv_dim * BF16 * 2 * layers * passes, cp,
+                         gpu.intra_node_bytes_per_s) * n_micro
+    ep_s = 0.0
+    if model.is_moe and cand.actor_ep > 1:
+        a2a = tok_micro / (tp * cp) * model.hidden_size * BF16 * model.num_experts_per_tok * 2 * layers * passes
+        ep_s = _collective_s(a2a, cand.actor_ep, _link(gpu, cand.actor_ep * tp, layout.gpus_per_node)) * n_micro
+    dp_s = 0.0
+    if not forward_only:
+        state = actor_state_bytes(model, cand, layout)
+        dp_s = _collective_s(state.grads, dp, _link(gpu, layout.world_size, layout.gpus_per_node))
+    return tp_s + cp_s + ep_s + dp_s
+
+
+def _rollout_s(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate,
+               layout: ParallelLayout) -> tuple[float, float]:
+    """(gen seconds, concurrency) for vLLM: prefill + decode waves limited by KV cache and max_num_seqs."""
+    tp = cand.rollout_tp
+    replicas = max(layout.rollout_replicas, 1)
+    seqs = workload.trajectories_per_step / replicas
+    prompt = workload.prompt_fill * workload.max_prompt_length
+    resp = workload.max_response_length
+    kv_per_token = kv_bytes_per_token(model, tp)
+    kv_tokens = max(vllm_kv_cache_bytes(model, gpu, cand), 0.0) / kv_per_token
+    concurrency = max(min(cand.max_num_seqs, kv_tokens / (prompt + resp), seqs), 1.0)
+    waves = math.ceil(seqs / concurrency)
+    active = model.active_param_count()
+    weight_read_s = BF16 * active / tp / (gpu.hbm_bytes_per_s * ROLLOUT.decode_hbm_efficiency)
+    allreduce_s = 2 * model.num_layers * ROLLOUT.tp_allreduce_latency_s if tp > 1 else 0.0
+    mean_ctx = prompt + resp / 2
+    decode_s = 0.0
+    remaining = seqs
+    for _ in range(waves):
+        batch = min(concurrency, remaining)
+        remaining -= batch
+        kv_read_s = batch * mean_ctx * kv_per_token / (gpu.hbm_bytes_per_s * ROLLOUT.decode_hbm_efficiency)
+        compute_s = 2 * active * batch / tp / (gpu.peak_bf16_flops * ROLLOUT.prefill_mfu)
+        step_s = max(weight_read_s, compute_s) + kv_read_s + allreduce_s + ROLLOUT.decode_step_overhead_s
+        decode_s += resp * step_s
+    prefill_tokens = seqs * prompt
+    chunks = prefill_tokens / cand.max_num_batched_tokens
+    prefill_s = max(2 * active * prefill_tokens / tp / (gpu.peak_bf16_flops * ROLLOUT.prefill_mfu),
+                    chunks * weight_read_s)
+    stall = ROLLOUT.chunked_prefill_stall if cand.enable_chunked_prefill else ROLLOUT.unchunked_prefill_stall
+    wake_sleep_s = 2 * _host_copy_s(BF16 * model.param_count() / tp, gpu)  # sleep level 1 offloads weights
+    return decode_s + stall * prefill_s + wake_sleep_s, concurrency
+
+
+def _update_weights_s(model: ModelSpec, gpu: GpuSpec, cand: Candidate, layout: ParallelLayout) -> float:
+    """Actor -> vLLM weight sync: gather bf16 weights into each rollout shard (checkpoint_engine naive)."""
+    shard_bytes = BF16 * model.param_count() / cand.rollout_tp
+    s = SYSTEM.weight_sync_fixed_s + shard_bytes / (_link(gpu, layout.world_size, layout.gpus_per_node)
+                                                   * SYSTEM.collective_efficiency)
+    if cand.param_offload:
+        s += _host_copy_s(actor_state_bytes(model, cand, layout).weights, gpu)
+    return s
+
+
+def estimate_step_time(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate,
+                       layout: ParallelLayout) -> StepTime:
+    gen_s, concurrency = _rollout_s(model, gpu, workload, cand, layout)
+    old_s, _ = _pass_s(model, gpu, workload, cand, layout, forward_only=True, role="actor")
+    ref_s = 0.0
+    if workload.use_kl_loss:
+        ref_s, _ = _pass_s(model, gpu, workload, cand, layout, forward_only=True, role="ref")
+        if cand.ref_param_offload:
+            ref_s += 2 * _host_copy_s(BF16 * model.param_count() / layout.world_size, gpu)
+    update_s, update_flops = _pass_s(model, gpu, workload, cand, layout, forward_only=False)
+    state = actor_state_bytes(model, cand, layout)
+    if cand.optimizer_offload:
+        update_s += 2 * _host_copy_s(state.optimizer, gpu)
+    if cand.param_offload:
+        moves = 2 * (2 + workload.use_kl_loss)  # load+offload around old_log_prob, (ref,) update
+        update_s += moves / 2 * _host_copy_s(state.weights, gpu)
+        old_s += _host_copy_s(state.weights, gpu)
+    sync_s = _update_weights_s(model, gpu, cand, layout)
+    phase_s = {"gen": gen_s, "old_log_prob": old_s, "update_actor": update_s, "update_weights": sync_s}
+    if workload.use_kl_loss:
+        phase_s["ref"] = ref_s
+    step_s = sum(phase_s.values()) + SYSTEM.step_fixed_s
+    tokens = workload.trajectories_per_step * workload.mean_seq_len
+    world = layout.world_size
+    mfu_actor = update_flops * layout.dp * (cand.actor_tp * cand.actor_cp * cand.actor_pp if cand.is_megatron
+                                            else cand.ulysses_sp) / update_s / (gpu.peak_bf16_flops * world)
+    return StepTime(phase_s=phase_s, step_s=step_s, tokens_per_step=tokens, tokens_per_s_per_gpu=tokens / step_s / world,
+                    mfu_actor=mfu_actor, rollout_concurrency=concurrency)

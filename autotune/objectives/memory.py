@@ -1,0 +1,220 @@
+"""Analytic memory model of one verl GRPO step, per GPU, by phase and component.
+
+verl colocates the actor, the reference model and vLLM on every GPU (hybrid engine). Phases:
+- rollout: vLLM is awake and owns `gpu_memory_utilization * total`; the actor keeps its sharded
+  parameters (unless param_offload) and optimizer state (unless optimizer_offload) on the GPU.
+  vLLM refuses to start when less than that share is free ("Free memory on device ... is less than
+  desired GPU memory utilization"), and needs room for at least one max-length sequence of KV cache.
+- old_log_prob / ref: forward-only passes; vLLM sleeps (free_cache_engine=True, rollout.yaml:61).
+- update_actor: forward+backward per micro-batch, then the optimizer step.
+Constants come from objectives/calibration.py. Units: bytes inside, GiB at the interface.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from autotune.hardware import GIB, GpuSpec
+from autotune.models import ModelSpec
+from autotune.objectives.calibration import ACTIVATIONS, ROLLOUT, SYSTEM, ActivationConstants
+from autotune.spaces.candidate import Candidate
+from autotune.spaces.layout import ParallelLayout
+from autotune.workload import Workload
+
+BF16 = 2
+FP32 = 4
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryEstimate:
+    capacity_gib: float
+    phase_peak_gib: dict[str, float]  # every phase's predicted peak on the most loaded GPU
+    components_gib: dict[str, float]  # the components at the worst phase
+    kv_cache_gib: float  # vLLM KV cache left inside gpu_memory_utilization
+    kv_cache_needed_gib: float  # one max-length sequence: vLLM's minimum
+    worst_phase: str = field(default="")
+
+    @property
+    def peak_gib(self) -> float:
+        return max(self.phase_peak_gib.values())
+
+    @property
+    def kv_cache_fits(self) -> bool:
+        return self.kv_cache_gib >= self.kv_cache_needed_gib
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_gib <= self.capacity_gib and self.kv_cache_fits
+
+    @property
+    def over_gib(self) -> float:
+        """How far past capacity (or short of KV room); grades the sampler's constraint."""
+        return max(self.peak_gib - self.capacity_gib, self.kv_cache_needed_gib - self.kv_cache_gib, 0.0)
+
+
+# ---- building blocks (also used by the calibration check) -------------------------------------------
+
+def mlp_width(model: ModelSpec) -> int:
+    """Intermediate width whose activations a token stores: routed experts for MoE."""
+    if model.is_moe:
+        return model.num_experts_per_tok * model.moe_intermediate_size
+    return model.intermediate_size
+
+
+def activation_bytes_per_token_per_layer(model: ModelSpec, c: ActivationConstants = ACTIVATIONS) -> float:
+    return c.per_h * model.hidden_size + c.per_i * mlp_width(model)
+
+
+def train_activation_bytes(model: ModelSpec, tokens: float, *, layers: float, checkpointing: bool,
+                           c: ActivationConstants = ACTIVATIONS) -> float:
+    """Saved activations of `tokens` tokens through `layers` layers, plus the recompute of one layer."""
+    full_layer = activation_bytes_per_token_per_layer(model, c) * tokens
+    if not checkpointing:
+        return full_layer * layers
+    return c.ckpt_per_h * model.hidden_size * tokens * layers + full_layer
+
+
+def train_logits_bytes(model: ModelSpec, tokens: float, *, start_of_backward: bool,
+                       c: ActivationConstants = ACTIVATIONS) -> float:
+    per_vocab = c.logits_retained_bytes + (c.logits_transient_bytes if start_of_backward else 0.0)
+    return tokens * model.vocab_size * per_vocab
+
+
+def forward_logits_bytes(model: ModelSpec, tokens: float, c: ActivationConstants = ACTIVATIONS) -> float:
+    return tokens * model.vocab_size * c.logits_forward_bytes
+
+
+def kv_bytes_per_token(model: ModelSpec, tp: int = 1) -> float:
+    """K and V, bf16, every layer; KV heads split over TP, replicated when TP exceeds them (vLLM)."""
+    kv_heads_per_gpu = max(model.num_kv_heads / tp, 1.0)
+    return 2 * model.num_layers * kv_heads_per_gpu * model.head_dim * BF16
+
+
+# ---- verl's engines ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class ActorState:
+    weights: float
+    grads: float
+    optimizer: float
+    gather_buffer: float  # unsharded FSDP units alive during compute (current + prefetched)
+
+
+def actor_state_bytes(model: ModelSpec, cand: Candidate, layout: ParallelLayout) -> ActorState:
+    """Per-GPU bytes of actor parameters, gradients and Adam state as verl's engine shards them.
+
+    FSDP (engine/fsdp.yaml): fp32 master parameters (model_dtype: fp32), fp32 gradients, fp32 Adam
+    moments, all sharded over every rank (fsdp_size=-1); bf16 compute copies of one or two layers.
+    Megatron (engine/megatron.yaml): bf16 parameters split by TP x PP (experts by EP x ETP), fp32
+    gradient buffer, distributed optimizer holding fp32 main params + Adam moments split over DP.
+    """
+    n_total = model.param_count()
+    if not cand.is_megatron:
+        shard = layout.world_size
+        layer_params = model.attn_params_per_layer() + model.mlp_params_per_layer()
+        largest_unit = max(layer_params, model.vocab_size * model.hidden_size)
+        return ActorState(weights=FP32 * n_total / shard, grads=FP32 * n_total / shard,
+                          optimizer=2 * FP32 * n_total / shard, gather_buffer=2 * BF16 * largest_unit)
+    expert_params = model.num_layers * model.mlp_params_per_layer() if model.is_moe else 0
+    dense_params = n_total - expert_params
+    per_rank = dense_params / (cand.actor_tp * cand.actor_pp)
+    per_rank += expert_params / (cand.actor_ep * cand.actor_etp * cand.actor_pp)
+    dp = max(layout.dp, 1)
+    return ActorState(weights=BF16 * per_rank, grads=FP32 * per_rank, optimizer=3 * FP32 * per_rank / dp,
+                      gather_buffer=0.0)
+
+
+def tokens_per_micro_batch(cand: Candidate, workload: Workload, *, forward_only: bool, role: str = "actor") -> float:
+    """Tokens one GPU processes in one micro-batch (before TP/CP/SP splitting)."""
+    seq = workload.mean_seq_len if cand.use_remove_padding else workload.seq_len
+    if cand.use_dynamic_bsz:
+        budget = cand.log_prob_max_token_len_per_gpu if forward_only else cand.ppo_max_token_len_per_gpu
+        sp = 1 if cand.is_megatron else cand.ulysses_sp
+        # verl packs whole sequences up to the budget (seqlen_balancing.py); a micro-batch holds at
+        # most budget*sp tokens across the SP group and never less than one sequence.
+        return max(budget * sp, workload.seq_len)
+    if not forward_only:
+        micro = cand.ppo_micro_batch_size_per_gpu
+    else:
+        micro = cand.ref_log_prob_micro_batch_size_per_gpu if role == "ref" else cand.log_prob_micro_batch_size_per_gpu
+    return micro * seq
+
+
+def _token_split(cand: Candidate) -> int:
+    """Ways one micro-batch's tokens are split across GPUs: Megatron SP(=TP) x CP, or Ulysses SP."""
+    return cand.actor_tp * cand.actor_cp if cand.is_megatron else cand.ulysses_sp
+
+
+def _vllm_weights_bytes(model: ModelSpec, rollout_tp: int) -> float:
+    return BF16 * model.param_count() / rollout_tp
+
+
+def vllm_kv_cache_bytes(model: ModelSpec, gpu: GpuSpec, cand: Candidate) -> float:
+    """KV cache vLLM can allocate: its share minus weights, profiled activations and sampler logits."""
+    share = cand.gpu_memory_utilization * gpu.mem_gib * GIB
+    activations = ROLLOUT.activation_reserve_gib * GIB
+    sampler = cand.max_num_seqs * model.vocab_size * ROLLOUT.sampler_logits_bytes
+    return share - _vllm_weights_bytes(model, cand.rollout_tp) - activations - sampler
+
+
+def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate,
+                    layout: ParallelLayout) -> MemoryEstimate:
+    """Predicted peak per phase on the most loaded GPU, with the components of the worst phase."""
+    state = actor_state_bytes(model, cand, layout)
+    overhead = SYSTEM.cuda_context_gib * GIB + (SYSTEM.nccl_buffers_gib * GIB if layout.world_size > 1 else 0.0)
+    frag = SYSTEM.allocator_fragmentation
+    ref_weights = BF16 * model.param_count() / (layout.world_size if not cand.is_megatron
+                                                 else cand.actor_tp * cand.actor_pp)
+    ref_resident = 0.0 if (cand.ref_param_offload or not workload.use_kl_loss) else ref_weights
+    optim_resident = 0.0 if cand.optimizer_offload else state.optimizer
+    weights_resident = 0.0 if cand.param_offload else state.weights
+    split = _token_split(cand)
+    layers_on_rank = model.num_layers / (cand.actor_pp if cand.is_megatron else 1)
+    vocab_split = cand.actor_tp if cand.is_megatron else 1
+    sleeping_vllm = ROLLOUT.sleep_residual_gib * GIB
+
+    # rollout: vLLM's whole share plus what the trainer keeps resident
+    vllm_share = cand.gpu_memory_utilization * gpu.mem_gib * GIB
+    rollout = weights_resident + optim_resident + ref_resident + vllm_share + overhead
+
+    # forward-only passes: one layer's activations + logits of a micro-batch
+    def forward_pass(role: str, weights: float) -> float:
+        tok = tokens_per_micro_batch(cand, workload, forward_only=True, role=role) / split
+        act = activation_bytes_per_token_per_layer(model) * tok
+        logits = forward_logits_bytes(model, tok) / vocab_split
+        return (weights + optim_resident + ref_resident * (role != "ref") + state.gather_buffer
+                + frag * (act + logits) + sleeping_vllm + overhead)
+
+    old_log_prob = forward_pass("actor", state.weights)
+    ref = forward_pass("ref", state.weights * (not cand.param_offload) + ref_weights) if workload.use_kl_loss else 0.0
+
+    # actor update: start of backward (activations + logits transients) vs end (all grads) vs optimizer step
+    tok = tokens_per_micro_batch(cand, workload, forward_only=False) / split
+    in_flight = min(cand.actor_pp, max(layout.micro_batches_per_mini, 1)) if cand.is_megatron else 1
+    vpp_extra = 1 + (cand.actor_pp - 1) / (cand.actor_pp * cand.actor_vpp) if cand.is_megatron and cand.actor_pp > 1 else 1
+    act = train_activation_bytes(model, tok, layers=layers_on_rank, checkpointing=cand.gradient_checkpointing)
+    act *= in_flight * vpp_extra  # 1F1B keeps up to PP micro-batches of L/PP layers on the first stage
+    if cand.activation_offload:
+        act = train_activation_bytes(model, tok, layers=1, checkpointing=False)  # one layer on GPU at a time
+    logits_start = train_logits_bytes(model, tok, start_of_backward=True) / vocab_split
+    logits_end = train_logits_bytes(model, tok, start_of_backward=False) / vocab_split
+    static = state.weights + ref_resident + state.gather_buffer + sleeping_vllm + overhead
+    bwd_start = static + optim_resident + frag * (act + logits_start)
+    bwd_end = static + optim_resident + state.grads + frag * (logits_end + act * 0.1)
+    opt_step = static + state.grads + state.optimizer
+    update = max(bwd_start, bwd_end, opt_step)
+
+    phases = {"rollout": rollout, "old_log_prob": old_log_prob, "update_actor": update}
+    if workload.use_kl_loss:
+        phases["ref"] = ref
+    worst = max(phases, key=phases.get)
+    components = {
+        "weights": state.weights / GIB, "gradients": state.grads / GIB, "optimizer": state.optimizer / GIB,
+        "activations": act / GIB, "logits": logits_start / GIB, "reference": ref_resident / GIB,
+        "vllm_share": vllm_share / GIB, "overhead": overhead / GIB,
+    }
+    kv = vllm_kv_cache_bytes(model, gpu, cand)
+    kv_needed = kv_bytes_per_token(model, cand.rollout_tp) * workload.seq_len
+    return MemoryEstimate(capacity_gib=gpu.mem_gib, phase_peak_gib={k: v / GIB for k, v in phases.items()},
+                          components_gib=components, kv_cache_gib=kv / GIB, kv_cache_needed_gib=kv_needed / GIB,
+                          worst_phase=worst)

@@ -1,0 +1,261 @@
+"""The study driver: ask -> candidate -> verl's rules -> (memory pre-screen) -> probe -> tell.
+
+Every trial ends with a recorded state and reason. Rule violations and OOMs are COMPLETE trials with
+a violated constraint (the sampler learns from them; records.py keeps them out of best/export).
+Pruned probes are PRUNED; a probe that cannot run on this machine at all stops the study.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.config import TuneConfig
+from autotune.errors import ConfigError, ProbeCrashed, ProbeEnvironmentError, ProbeOOM, ProbeTimeout
+from autotune.objectives.base import ProbePruned, ProbeRequest, ProbeResult, ProbeRunner
+from autotune.objectives.memory import estimate_memory
+from autotune.search.sampler import make_pruner, make_sampler
+from autotune.spaces.candidate import Candidate
+from autotune.spaces.constraints import Violation, check
+from autotune.spaces.layout import ParallelLayout
+from autotune.spaces.space import SearchSpace, verl_default_candidate
+from autotune.storage.records import set_constraints
+from autotune.storage.urls import open_storage
+from autotune.workload import Workload
+
+# A real probe is skipped when the model predicts this much more than the GPU holds (issue 5 makes
+# the margin adaptive); the sim backend IS the model, so it never pre-screens.
+PRESCREEN_MARGIN = 0.10
+
+TrialCallback = Callable[[optuna.trial.FrozenTrial], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudyContext:
+    cfg: TuneConfig
+    space: SearchSpace
+    runner: ProbeRunner
+
+
+def study_identity(cfg: TuneConfig) -> dict:
+    """What a study was created for; resuming with anything else is refused."""
+    return {"model": cfg.model.name, "gpus_per_node": cfg.gpus_per_node, "nodes": cfg.nodes, "gpu": cfg.gpu.name,
+            "backend": cfg.backend, "workload": asdict(cfg.workload)}
+
+
+def open_study(cfg: TuneConfig) -> optuna.Study:
+    storage = open_storage(cfg.storage_url)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name=cfg.study_name, storage=storage, direction="maximize",
+                                sampler=make_sampler(cfg.seed), pruner=make_pruner(cfg.probe.warmup_steps),
+                                load_if_exists=True)
+    identity = study_identity(cfg)
+    stored = study.user_attrs.get("identity")
+    if stored is None:
+        study.set_user_attr("identity", identity)
+        study.set_metric_names(["tokens_per_s_per_gpu"])
+    elif stored != identity:
+        diff = sorted(k for k in identity if stored.get(k) != identity[k])
+        raise ConfigError(f"study {cfg.study_name!r} in this storage was created for a different job (differs in: "
+                          f"{', '.join(diff)}); use another --study or --out")
+    return study
+
+
+def build_space(cfg: TuneConfig) -> SearchSpace:
+    return SearchSpace.build(cfg.model, cfg.workload, gpus_per_node=cfg.gpus_per_node, nodes=cfg.nodes,
+                             fixed=cfg.fixed, ranges=cfg.ranges, tune_workload=cfg.tune_workload)
+
+
+def fail_dead_local_trials(study: optuna.Study) -> int:
+    """RUNNING trials left by a tuner process on this host that no longer exists: mark them FAIL."""
+    host = socket.gethostname()
+    failed = 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if t.user_attrs.get("host") != host or _pid_alive(t.user_attrs.get("pid")):
+            continue
+        study._storage.set_trial_user_attr(t._trial_id, "state", "failed")
+        study._storage.set_trial_user_attr(t._trial_id, "reason", "interrupted: the tuner process died mid-probe")
+        study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        failed += 1
+    return failed
+
+
+def _pid_alive(pid) -> bool:
+    if not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def enqueue_baseline(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> bool:
+    """verl's default configuration as the first trial, so every report shows the gain over it."""
+    if any(t.user_attrs.get("baseline") for t in study.get_trials(deepcopy=False)):
+        return False
+    base = verl_default_candidate(cfg.model, cfg.workload, gpus_per_node=cfg.gpus_per_node, nodes=cfg.nodes)
+    base = replace(base, **{k: v for k, v in cfg.fixed.items()})
+    params = space.params_of(base, cfg.workload)
+    if not space.contains(params):
+        return False
+    study.enqueue_trial(params, user_attrs={"baseline": True})
+    return True
+
+
+def finished_count(study: optuna.Study) -> int:
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)))
+
+
+def run_study(cfg: TuneConfig, runner: ProbeRunner, *, on_trial: TrialCallback | None = None) -> optuna.Study:
+    """Run trials until the study holds `cfg.trials` finished ones (a second run resumes)."""
+    space = build_space(cfg)
+    study = open_study(cfg)
+    fail_dead_local_trials(study)
+    enqueue_baseline(study, cfg, space)
+    ctx = StudyContext(cfg=cfg, space=space, runner=runner)
+    while finished_count(study) < cfg.trials:
+        trial = study.ask()
+        try:
+            _run_trial(ctx, study, trial)
+        except KeyboardInterrupt:
+            trial.set_user_attr("state", "failed")
+            trial.set_user_attr("reason", "interrupted by the user")
+            study.tell(trial, state=TrialState.FAIL)
+            raise
+        if on_trial:
+            on_trial(study.trials[trial.number])
+    return study
+
+
+def _find_duplicate(study: optuna.Study, trial: optuna.Trial) -> optuna.trial.FrozenTrial | None:
+    """Probes are costly and nearly deterministic: reuse a finished identical trial (Optuna FAQ)."""
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if t.params == trial.params and t.number != trial.number and "duplicate_of" not in t.user_attrs:
+            return t
+    return None
+
+
+def _run_trial(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial) -> None:
+    cfg = ctx.cfg
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        candidate, workload = ctx.space.suggest(trial, cfg.workload)
+    trial.set_user_attr("host", socket.gethostname())
+    trial.set_user_attr("pid", os.getpid())
+    trial.set_user_attr("backend", cfg.backend)
+    trial.set_user_attr("candidate", candidate.as_params())
+    if workload != cfg.workload:
+        trial.set_user_attr("workload_tuned", {k: getattr(workload, k) for k in cfg.tune_workload})
+
+    duplicate = _find_duplicate(study, trial)
+    if duplicate is not None:
+        _copy_outcome(study, trial, duplicate)
+        return
+    layout = ParallelLayout.of(candidate, workload, gpus_per_node=cfg.gpus_per_node, nodes=cfg.nodes)
+    violations = check(cfg.model, workload, candidate, layout)
+    if violations:
+        _reject(study, trial, violations)
+        return
+    if not ctx.runner.simulated:
+        mem = estimate_memory(cfg.model, cfg.gpu, workload, candidate, layout)
+        if mem.peak_gib > mem.capacity_gib * (1 + PRESCREEN_MARGIN) or not mem.kv_cache_fits:
+            _reject_memory(study, trial, mem.over_gib, f"predicted OOM before launch: {mem.peak_gib:.1f} GiB in "
+                           f"{mem.worst_phase} > {mem.capacity_gib:.1f} GiB (+{PRESCREEN_MARGIN:.0%} margin)")
+            return
+    _probe(ctx, study, trial, candidate, workload)
+
+
+def _probe(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial, candidate: Candidate,
+           workload: Workload) -> None:
+    cfg = ctx.cfg
+    run_dir = Path(cfg.out_dir) / "runs" / f"{cfg.study_name}-trial{trial.number:04d}"
+    if not ctx.runner.simulated:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    request = ProbeRequest(model=cfg.model, gpu=cfg.gpu, n_gpus=cfg.gpus_per_node, nodes=cfg.nodes,
+                           workload=workload, candidate=candidate, run_dir=run_dir, trial_number=trial.number,
+                           warmup_steps=cfg.probe.warmup_steps, timed_steps=cfg.probe.timed_steps)
+
+    def report(step: int, tokens_per_s_per_gpu: float) -> bool:
+        trial.report(tokens_per_s_per_gpu, step)
+        return trial.should_prune()
+
+    try:
+        result = ctx.runner.probe(request, report)
+    except ProbeOOM as exc:
+        set_constraints(trial, memory=exc.over_gib if exc.over_gib and exc.over_gib > 0 else 1.0)
+        trial.set_user_attr("state", "oom")
+        trial.set_user_attr("reason", str(exc)[:500])
+        trial.set_user_attr("oom_phase", exc.phase)
+        if exc.peak_mem_gib is not None:
+            trial.set_user_attr("peak_mem_gib", exc.peak_mem_gib)
+        study.tell(trial, 0.0)
+        return
+    except ProbePruned as exc:
+        set_constraints(trial)
+        trial.set_user_attr("state", "pruned")
+        trial.set_user_attr("reason", str(exc))
+        study.tell(trial, state=TrialState.PRUNED)
+        return
+    except ProbeEnvironmentError as exc:
+        trial.set_user_attr("state", "failed")
+        trial.set_user_attr("reason", f"environment: {exc}")
+        study.tell(trial, state=TrialState.FAIL)
+        raise
+    except (ProbeCrashed, ProbeTimeout) as exc:
+        trial.set_user_attr("state", "failed")
+        trial.set_user_attr("reason", f"{type(exc).__name__}: {exc}"[:500])
+        study.tell(trial, state=TrialState.FAIL)
+        return
+    _record_result(trial, result)
+    study.tell(trial, result.tokens_per_s_per_gpu)
+
+
+def _record_result(trial: optuna.Trial, result: ProbeResult) -> None:
+    set_constraints(trial)
+    trial.set_user_attr("state", "simulated" if result.simulated else "measured")
+    trial.set_user_attr("reason", "simulated by the calibrated model" if result.simulated else "probe finished")
+    trial.set_user_attr("simulated", result.simulated)
+    trial.set_user_attr("tokens_per_s_per_gpu", result.tokens_per_s_per_gpu)
+    trial.set_user_attr("mfu", result.mfu)
+    trial.set_user_attr("peak_mem_gib", result.peak_mem_gib)
+    trial.set_user_attr("step_s", result.step_s)
+    trial.set_user_attr("phase_s", result.phase_s)
+    trial.set_user_attr("series", result.series)
+    for key, value in result.extra.items():
+        trial.set_user_attr(key, value)
+
+
+def _reject(study: optuna.Study, trial: optuna.Trial, violations: list[Violation]) -> None:
+    set_constraints(trial, rules=float(len(violations)))
+    trial.set_user_attr("state", "rejected")
+    trial.set_user_attr("reason", str(violations[0])[:500])
+    trial.set_user_attr("violations", [{"rule": v.rule, "message": v.message, "enforced_by": v.enforced_by,
+                                        "source": v.source} for v in violations])
+    study.tell(trial, 0.0)
+
+
+def _reject_memory(study: optuna.Study, trial: optuna.Trial, over_gib: float, reason: str) -> None:
+    set_constraints(trial, memory=max(over_gib, 0.01))
+    trial.set_user_attr("state", "rejected")
+    trial.set_user_attr("reason", reason)
+    study.tell(trial, 0.0)
+
+
+def _copy_outcome(study: optuna.Study, trial: optuna.Trial, source: optuna.trial.FrozenTrial) -> None:
+    constraints = source.constraints or {}
+    set_constraints(trial, rules=constraints.get("rules", 0.0), memory=constraints.get("memory", 0.0))
+    for key, value in source.user_attrs.items():
+        if key not in ("host", "pid", "baseline", "feasible"):
+            trial.set_user_attr(key, value)
+    trial.set_user_attr("duplicate_of", source.number)
+    study.tell(trial, source.value)

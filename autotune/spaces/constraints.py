@@ -1,0 +1,373 @@
+"""verl 0.9.1's startup and first-step checks, as pure rules over a candidate.
+
+Each rule returns a `Violation` (rule id, the message verl or the engine would print, who enforces it,
+where) or None. `check()` runs them all; the driver stores violations as a rejected trial before any
+backend runs, so a config verl would refuse never costs a GPU launch. Sources are verl 0.9.1 wheel
+paths (see ../shared/reference/verl.md section 2) or the engine that raises at init.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from autotune.models import ModelSpec
+from autotune.spaces.candidate import Candidate
+from autotune.spaces.layout import ParallelLayout
+from autotune.workload import Workload
+
+
+@dataclass(frozen=True, kw_only=True)
+class Violation:
+    rule: str
+    message: str
+    enforced_by: str  # verl | vllm | megatron-core | autotune
+    source: str
+
+    def __str__(self) -> str:
+        return f"{self.rule}: {self.message}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckContext:
+    model: ModelSpec
+    workload: Workload
+    candidate: Candidate
+    layout: ParallelLayout
+
+
+Rule = Callable[[CheckContext], "Violation | None"]
+RULES: list[Rule] = []
+
+
+def rule(fn: Rule) -> Rule:
+    RULES.append(fn)
+    return fn
+
+
+def _v(rule_id: str, message: str, enforced_by: str, source: str) -> Violation:
+    return Violation(rule=rule_id, message=message, enforced_by=enforced_by, source=source)
+
+
+# ---- world size and parallel layout -------------------------------------------------------------
+
+@rule
+def world_divisible_by_model_parallel(ctx: CheckContext) -> Violation | None:
+    c, n = ctx.candidate, ctx.layout.world_size
+    if not c.is_megatron:
+        return None
+    mp = c.actor_tp * c.actor_pp
+    if n % (mp * c.actor_cp) == 0:
+        return None
+    return _v("world_divisible_by_model_parallel",
+              f"n_gpus ({n}) must be divisible by model_parallel_size ({mp}) times context_parallel_size ({c.actor_cp})",
+              "verl", "verl/utils/config.py:109-114 (validate_config)")
+
+
+@rule
+def world_divisible_by_ulysses(ctx: CheckContext) -> Violation | None:
+    c, n = ctx.candidate, ctx.layout.world_size
+    if c.is_megatron or n % c.ulysses_sp == 0:
+        return None
+    return _v("world_divisible_by_ulysses", f"world size {n} is not divisible by ulysses_sequence_parallel_size {c.ulysses_sp}",
+              "verl", "torch init_device_mesh via verl/workers/engine/fsdp/transformer_impl.py (dp x sp mesh)")
+
+
+@rule
+def real_train_batch_divisible(ctx: CheckContext) -> Violation | None:
+    c, w, lay = ctx.candidate, ctx.workload, ctx.layout
+    if c.use_dynamic_bsz or not lay.dp:
+        return None
+    minimal_bsz = lay.dp * c.ppo_micro_batch_size_per_gpu if c.is_megatron else lay.world_size
+    real = w.trajectories_per_step
+    if real % minimal_bsz == 0:
+        return None
+    return _v("real_train_batch_divisible",
+              f"real_train_batch_size ({real}) must be divisible by minimal possible batch size ({minimal_bsz})",
+              "verl", "verl/utils/config.py:118-127 (validate_config)")
+
+
+@rule
+def mini_batch_divisible_by_dp(ctx: CheckContext) -> Violation | None:
+    lay = ctx.layout
+    mini = ctx.workload.trajectories_per_mini_batch
+    if not lay.dp or mini % lay.dp == 0:
+        return None
+    return _v("mini_batch_divisible_by_dp", f"Got mini_batch_size={mini} and dp_size={lay.dp}",
+              "verl", "verl/workers/engine_workers.py:261-270 (train_mini_batch assert)")
+
+
+@rule
+def micro_batch_divides_mini_batch(ctx: CheckContext) -> Violation | None:
+    c, lay = ctx.candidate, ctx.layout
+    mini = ctx.workload.trajectories_per_mini_batch
+    if c.use_dynamic_bsz or not lay.dp or mini % lay.dp:
+        return None
+    per_rank = mini // lay.dp
+    if per_rank % c.ppo_micro_batch_size_per_gpu == 0:
+        return None
+    return _v("micro_batch_divides_mini_batch",
+              f"{per_rank} % {c.ppo_micro_batch_size_per_gpu} != 0 (per-rank mini-batch {per_rank} is not divisible by "
+              f"ppo_micro_batch_size_per_gpu {c.ppo_micro_batch_size_per_gpu})",
+              "verl", "verl/utils/tensordict_utils.py make_iterator; verl/workers/engine/utils.py:92-131")
+
+
+def _log_prob_micro_rule(ctx: CheckContext, role: str, micro: int) -> Violation | None:
+    lay = ctx.layout
+    full = ctx.workload.trajectories_per_step
+    if ctx.candidate.use_dynamic_bsz or not lay.dp or full % lay.dp:
+        return None
+    per_rank = full // lay.dp
+    if per_rank % micro == 0:
+        return None
+    return _v(f"{role}_log_prob_micro_divides_batch",
+              f"data size must be divisible by force_group_size * micro_batch_size_per_gpu "
+              f"({role}: per-rank batch {per_rank}, log_prob_micro_batch_size_per_gpu {micro})",
+              "verl", "verl/workers/engine/utils.py:92-131 (static micro-batching in infer_batch)")
+
+
+@rule
+def rollout_log_prob_micro_divides_batch(ctx: CheckContext) -> Violation | None:
+    return _log_prob_micro_rule(ctx, "rollout", ctx.candidate.log_prob_micro_batch_size_per_gpu)
+
+
+@rule
+def ref_log_prob_micro_divides_batch(ctx: CheckContext) -> Violation | None:
+    if not ctx.workload.use_kl_loss:
+        return None
+    return _log_prob_micro_rule(ctx, "ref", ctx.candidate.ref_log_prob_micro_batch_size_per_gpu)
+
+
+@rule
+def rollout_world_divisible(ctx: CheckContext) -> Violation | None:
+    n, tp = ctx.layout.world_size, ctx.candidate.rollout_tp
+    if n % tp == 0:
+        return None
+    return _v("rollout_world_divisible", f"rollout world_size: {n} is not divisible by infer_world_size: {tp}",
+              "verl", "verl/workers/engine_workers.py:652-661")
+
+
+@rule
+def rollout_replica_spans_whole_nodes(ctx: CheckContext) -> Violation | None:
+    tp, per_node = ctx.candidate.rollout_tp, ctx.layout.gpus_per_node
+    node_share = min(per_node, ctx.layout.world_size)
+    if tp % node_share == 0 or node_share % tp == 0:
+        return None
+    return _v("rollout_replica_spans_whole_nodes", f"world_size {tp} must be divisible by gpus_per_node {node_share}",
+              "verl", "verl/workers/rollout/replica.py:107-116")
+
+
+@rule
+def vllm_heads_divisible_by_tp(ctx: CheckContext) -> Violation | None:
+    heads, tp = ctx.model.num_heads, ctx.candidate.rollout_tp
+    if heads % tp == 0:
+        return None
+    return _v("vllm_heads_divisible_by_tp",
+              f"Total number of attention heads ({heads}) must be divisible by tensor parallel size ({tp}).",
+              "vllm", "vllm/config/parallel.py (ModelConfig.verify_with_parallel_config)")
+
+
+# ---- Megatron ---------------------------------------------------------------------------------------
+
+@rule
+def megatron_heads_divisible_by_tp(ctx: CheckContext) -> Violation | None:
+    c, m = ctx.candidate, ctx.model
+    if not c.is_megatron or m.num_heads % c.actor_tp == 0:
+        return None
+    return _v("megatron_heads_divisible_by_tp",
+              f"num_attention_heads ({m.num_heads}) must be a multiple of tensor_model_parallel_size ({c.actor_tp}).",
+              "megatron-core", "megatron/core/transformer/transformer_config.py (__post_init__)")
+
+
+@rule
+def megatron_kv_heads_divisible_by_tp(ctx: CheckContext) -> Violation | None:
+    c, m = ctx.candidate, ctx.model
+    if not c.is_megatron or m.num_kv_heads % c.actor_tp == 0:
+        return None
+    return _v("megatron_kv_heads_divisible_by_tp",
+              f"num_query_groups ({m.num_kv_heads}) must be a multiple of tensor_model_parallel_size ({c.actor_tp}).",
+              "megatron-core", "megatron/core/transformer/transformer_config.py (__post_init__)")
+
+
+@rule
+def megatron_layers_divisible_by_pp(ctx: CheckContext) -> Violation | None:
+    c, m = ctx.candidate, ctx.model
+    if not c.is_megatron or m.num_layers % c.actor_pp == 0:
+        return None
+    return _v("megatron_layers_divisible_by_pp", "num_layers should be divisible by pipeline_model_parallel_size "
+              f"(num_layers={m.num_layers}, pipeline_model_parallel_size={c.actor_pp})",
+              "megatron-core", "megatron/core/transformer/transformer_block.py (get_num_layers_to_build)")
+
+
+@rule
+def megatron_vpp_layout(ctx: CheckContext) -> Violation | None:
+    c, m = ctx.candidate, ctx.model
+    if not c.is_megatron or c.actor_vpp == 1:
+        return None
+    if c.actor_pp < 2:
+        msg = f"virtual_pipeline_model_parallel_size ({c.actor_vpp}) needs pipeline_model_parallel_size > 1"
+    elif (m.num_layers // c.actor_pp) % c.actor_vpp:
+        msg = (f"layers per pipeline rank ({m.num_layers // c.actor_pp}) must be divisible by "
+               f"virtual_pipeline_model_parallel_size ({c.actor_vpp})")
+    else:
+        return None
+    return _v("megatron_vpp_layout", msg, "megatron-core", "verl/utils/megatron/router_replay_utils.py:105-153")
+
+
+@rule
+def megatron_vpp_micro_batches(ctx: CheckContext) -> Violation | None:
+    c, lay = ctx.candidate, ctx.layout
+    if not c.is_megatron or c.actor_vpp == 1 or c.use_dynamic_bsz or not lay.micro_batches_per_mini:
+        return None
+    n_micro = lay.micro_batches_per_mini
+    if n_micro == int(n_micro) and int(n_micro) % c.actor_pp == 0:
+        return None
+    return _v("megatron_vpp_micro_batches",
+              f"micro_batches {n_micro:g} must be divisible by num_batches_divided_by {c.actor_pp} for megatron backend",
+              "verl", "verl/workers/engine/megatron/transformer_impl.py:873-918")
+
+
+@rule
+def megatron_experts_divisible_by_ep(ctx: CheckContext) -> Violation | None:
+    c, m = ctx.candidate, ctx.model
+    if not c.is_megatron or c.actor_ep == 1:
+        return None
+    if not m.is_moe:
+        return _v("megatron_experts_divisible_by_ep", f"expert_model_parallel_size {c.actor_ep} > 1 needs an MoE model",
+                  "autotune", "megatron-core: EP applies only to MoE layers")
+    if m.num_experts % c.actor_ep == 0:
+        return None
+    return _v("megatron_experts_divisible_by_ep",
+              f"num_moe_experts ({m.num_experts}) must be divisible by expert_model_parallel_size ({c.actor_ep})",
+              "megatron-core", "megatron/core/transformer/moe/moe_layer.py (num_local_experts)")
+
+
+@rule
+def megatron_expert_group_fits(ctx: CheckContext) -> Violation | None:
+    c, n = ctx.candidate, ctx.layout.world_size
+    if not c.is_megatron or (c.actor_ep == 1 and c.actor_etp == 1):
+        return None
+    group = c.actor_ep * c.actor_etp * c.actor_pp
+    if n % group == 0:
+        return None
+    return _v("megatron_expert_group_fits",
+              f"world size ({n}) must be divisible by expert_tensor_parallel_size x expert_model_parallel_size x "
+              f"pipeline_model_parallel_size ({c.actor_etp} x {c.actor_ep} x {c.actor_pp})",
+              "megatron-core", "megatron/core/parallel_state.py (initialize_model_parallel, expert decoder mesh)")
+
+
+@rule
+def megatron_device_max_connections(ctx: CheckContext) -> Violation | None:
+    c = ctx.candidate
+    if c.is_megatron and c.actor_tp > 1 and c.cuda_device_max_connections != 1:
+        return _v("megatron_device_max_connections",
+                  "Using sequence parallelism requires setting the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1",
+                  "megatron-core", "megatron/training/arguments.py (validate_args); verl sets sequence_parallel when TP>1 "
+                  "(workers/config/engine.py:234-236)")
+    if not c.is_megatron and c.cuda_device_max_connections:
+        return _v("megatron_device_max_connections", "CUDA_DEVICE_MAX_CONNECTIONS applies to the Megatron engine only",
+                  "autotune", "autotune search space")
+    return None
+
+
+# ---- FSDP and Ulysses -----------------------------------------------------------------------------
+
+@rule
+def engine_knobs_match_engine(ctx: CheckContext) -> Violation | None:
+    c = ctx.candidate
+    if c.is_megatron and c.ulysses_sp != 1:
+        return _v("engine_knobs_match_engine", "ulysses_sequence_parallel_size applies to FSDP; use context parallel "
+                  "with Megatron", "verl", "verl/trainer/config/engine/megatron.yaml")
+    if c.is_megatron and c.activation_offload:
+        return _v("engine_knobs_match_engine", "enable_activation_offload is supported by the FSDP engine only",
+                  "verl", "verl/workers/engine/fsdp/transformer_impl.py:477-479")
+    megatron_only = (c.actor_tp, c.actor_pp, c.actor_vpp, c.actor_cp, c.actor_ep, c.actor_etp)
+    if not c.is_megatron and any(v != 1 for v in megatron_only):
+        return _v("engine_knobs_match_engine", "tensor/pipeline/context/expert parallel sizes apply to the Megatron "
+                  "engine only (model_engine=megatron)", "verl", "verl/trainer/config/engine/megatron.yaml")
+    if c.actor_engine not in ("fsdp", "fsdp2", "megatron"):
+        return _v("engine_knobs_match_engine", f"strategy {c.actor_engine} not supported", "verl",
+                  "verl/workers/config/engine.py:306")
+    return None
+
+
+@rule
+def ulysses_heads_divisible(ctx: CheckContext) -> Violation | None:
+    c, m = ctx.candidate, ctx.model
+    sp = c.ulysses_sp
+    if sp == 1:
+        return None
+    if m.num_heads % sp:
+        return _v("ulysses_heads_divisible", f"num_attention_heads {m.num_heads} must be divisible by ulysses_sp_size {sp}",
+                  "verl", "verl/models/transformers/monkey_patch.py:343-350")
+    if m.num_kv_heads % sp and sp % m.num_kv_heads:
+        return _v("ulysses_heads_divisible", f"num_key_value_heads {m.num_kv_heads} must be divisible by ulysses_sp_size "
+                  f"{sp}or vise versa. Upon ulysses_sp_size % num_key_value_heads == 0,kv heads are repeated to ensure "
+                  "correct ulysses.", "verl", "verl/models/transformers/monkey_patch.py:343-350")
+    return None
+
+
+@rule
+def ulysses_needs_remove_padding(ctx: CheckContext) -> Violation | None:
+    c = ctx.candidate
+    if c.ulysses_sp == 1 or c.use_remove_padding:
+        return None
+    return _v("ulysses_needs_remove_padding",
+              "When using sequence parallelism for actor/ref policy, you must enable `use_remove_padding`.",
+              "verl", "verl/workers/config/actor.py:331-341 (FSDPActorConfig.validate)")
+
+
+# ---- dynamic batch size ---------------------------------------------------------------------------
+
+@rule
+def dynamic_bsz_token_floor(ctx: CheckContext) -> Violation | None:
+    c, w = ctx.candidate, ctx.workload
+    if not c.use_dynamic_bsz:
+        return None
+    sp = c.ulysses_sp if not c.is_megatron else 1
+    for key, budget in (("ppo_max_token_len_per_gpu", c.ppo_max_token_len_per_gpu),
+                        ("log_prob_max_token_len_per_gpu", c.log_prob_max_token_len_per_gpu)):
+        if budget * sp < w.seq_len:
+            return _v("dynamic_bsz_token_floor",
+                      f"max_token_len must be greater than the sequence length. Got max_token_len={budget * sp} and "
+                      f"max_seq_len={w.seq_len} ({key}={budget} x ulysses_sp {sp})",
+                      "verl", "verl/utils/seqlen_balancing.py:384-386")
+    return None
+
+
+# ---- vLLM scheduler -------------------------------------------------------------------------------
+
+@rule
+def vllm_batched_tokens_cover_seqs(ctx: CheckContext) -> Violation | None:
+    c = ctx.candidate
+    if c.max_num_batched_tokens >= c.max_num_seqs:
+        return None
+    return _v("vllm_batched_tokens_cover_seqs",
+              f"max_num_batched_tokens ({c.max_num_batched_tokens}) must be greater than or equal to max_num_seqs "
+              f"({c.max_num_seqs}).", "vllm", "vllm/config/scheduler.py (SchedulerConfig._verify_args)")
+
+
+@rule
+def vllm_batched_tokens_cover_model_len(ctx: CheckContext) -> Violation | None:
+    c, w = ctx.candidate, ctx.workload
+    if c.enable_chunked_prefill or c.max_num_batched_tokens >= w.seq_len:
+        return None
+    return _v("vllm_batched_tokens_cover_model_len",
+              f"max_num_batched_tokens ({c.max_num_batched_tokens}) is smaller than max_model_len ({w.seq_len}). This "
+              "effectively limits the maximum sequence length to max_num_batched_tokens and makes vLLM reject longer "
+              "sequences. Please increase max_num_batched_tokens or decrease max_model_len.",
+              "vllm", "vllm/config/scheduler.py (SchedulerConfig._verify_args, chunked prefill off)")
+
+
+@rule
+def ref_offload_needs_ref(ctx: CheckContext) -> Violation | None:
+    if ctx.candidate.ref_param_offload and not ctx.workload.use_kl_loss:
+        return _v("ref_offload_needs_ref", "ref param_offload set but the workload has no reference model "
+                  "(use_kl_loss=False)", "autotune", "verl/trainer/ppo/utils.py:75-79 (need_reference_policy)")
+    return None
+
+
+def check(model: ModelSpec, workload: Workload, candidate: Candidate, layout: ParallelLayout) -> list[Violation]:
+    """All violations of verl's rules for this candidate (empty when verl would accept it)."""
+    ctx = CheckContext(model=model, workload=workload, candidate=candidate, layout=layout)
+    return [v for v in (r(ctx) for r in RULES) if v is not None]

@@ -1,0 +1,71 @@
+"""What autotune stores on each Optuna trial, and how it reads it back.
+
+Every finished trial carries a `state` user attribute (measured, simulated, rejected, oom, pruned,
+failed) and a one-line `reason`. Rejected and OOM trials are COMPLETE with a placeholder value of 0
+and a violated constraint ("rules" or "memory"), so the sampler learns from them; the placeholder
+never reaches a best trial, a report or an export because those read only feasible trials.
+`feasible` is mirrored in user attributes because optuna-dashboard 0.21 does not read Optuna 5
+constraints (reference/optuna-ray.md, section 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+CONSTRAINT_KEYS = ("rules", "memory")
+MEASURED_STATES = ("measured", "simulated")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialRecord:
+    number: int
+    optuna_state: str
+    state: str  # autotune's outcome
+    reason: str
+    params: dict
+    tokens_per_s_per_gpu: float | None
+    mfu: float | None
+    peak_mem_gib: float | None
+    baseline: bool
+    phase_s: dict
+
+    @property
+    def feasible_measurement(self) -> bool:
+        return self.state in MEASURED_STATES and self.tokens_per_s_per_gpu is not None
+
+    @classmethod
+    def of(cls, t: FrozenTrial) -> "TrialRecord":
+        ua = t.user_attrs
+        state = ua.get("state") or {TrialState.RUNNING: "running", TrialState.WAITING: "waiting",
+                                    TrialState.FAIL: "failed", TrialState.PRUNED: "pruned"}.get(t.state, "unknown")
+        return cls(number=t.number, optuna_state=t.state.name, state=state, reason=ua.get("reason", ""),
+                   params=dict(t.params), tokens_per_s_per_gpu=ua.get("tokens_per_s_per_gpu"), mfu=ua.get("mfu"),
+                   peak_mem_gib=ua.get("peak_mem_gib"), baseline=bool(ua.get("baseline")),
+                   phase_s=ua.get("phase_s") or {})
+
+
+def set_constraints(trial: optuna.Trial, *, rules: float = 0.0, memory: float = 0.0) -> None:
+    """Always both keys, so every trial has the same constraint vector (GPSampler requires it)."""
+    trial.set_constraint("rules", float(rules))
+    trial.set_constraint("memory", float(memory))
+    trial.set_user_attr("feasible", rules <= 0 and memory <= 0)
+
+
+def records(study: optuna.Study) -> list[TrialRecord]:
+    return [TrialRecord.of(t) for t in study.get_trials(deepcopy=False)]
+
+
+def best_records(study: optuna.Study, k: int = 5) -> list[TrialRecord]:
+    """Feasible measured trials, fastest first (never a placeholder value)."""
+    measured = [r for r in records(study) if r.optuna_state == "COMPLETE" and r.feasible_measurement]
+    return sorted(measured, key=lambda r: r.tokens_per_s_per_gpu, reverse=True)[:k]
+
+
+def baseline_record(study: optuna.Study) -> TrialRecord | None:
+    for r in records(study):
+        if r.baseline and r.optuna_state != "RUNNING":
+            return r
+    return None

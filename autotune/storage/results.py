@@ -1,0 +1,102 @@
+"""Summaries of a stored study: result.json, the best-trials table, and best.yaml export."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+from pathlib import Path
+
+import optuna
+
+from autotune.errors import ConfigError
+from autotune.hardware import get_gpu
+from autotune.models import get_model
+from autotune.spaces.candidate import Candidate
+from autotune.storage.export import export_header, model_engine, verl_overrides, write_best_yaml
+from autotune.storage.records import TrialRecord, baseline_record, best_records, records
+from autotune.storage.urls import redact
+from autotune.workload import Workload
+
+
+def identity_of(study: optuna.Study) -> dict:
+    identity = study.user_attrs.get("identity")
+    if not identity:
+        raise ConfigError(f"study {study.study_name!r} was not created by autotune (no identity attribute)")
+    return identity
+
+
+def workload_of(identity: dict, trial_attrs: dict | None = None) -> Workload:
+    known = {f.name for f in fields(Workload)}
+    values = {k: v for k, v in identity["workload"].items() if k in known}
+    values.update((trial_attrs or {}).get("workload_tuned") or {})
+    return Workload(**values)
+
+
+def summary(study: optuna.Study, storage_url: str) -> dict:
+    """The result.json document."""
+    identity = identity_of(study)
+    recs = records(study)
+    best = best_records(study, k=1)
+    base = baseline_record(study)
+    doc = {
+        "backend": identity["backend"],
+        "model": identity["model"],
+        "gpu": identity["gpu"],
+        "gpus": identity["gpus_per_node"] * identity["nodes"],
+        "gpus_per_node": identity["gpus_per_node"],
+        "nodes": identity["nodes"],
+        "study": study.study_name,
+        "storage": redact(storage_url),
+        "simulated": identity["backend"] == "sim",
+        "trials_total": len(recs),
+        "trials_complete": sum(r.feasible_measurement and r.optuna_state == "COMPLETE" for r in recs),
+        "trials_failed_oom": sum(r.state == "oom" for r in recs),
+        "trials_rejected_before_launch": sum(r.state == "rejected" for r in recs),
+        "trials_pruned": sum(r.optuna_state == "PRUNED" for r in recs),
+        "trials_failed": sum(r.optuna_state == "FAIL" for r in recs),
+        "workload": identity["workload"],
+        "best": _trial_doc(study, best[0]) if best else None,
+        "baseline": _trial_doc(study, base) if base and base.feasible_measurement else None,
+    }
+    if doc["best"] and doc["baseline"]:
+        doc["speedup_vs_baseline"] = doc["best"]["tokens_per_s_per_gpu"] / doc["baseline"]["tokens_per_s_per_gpu"]
+    return doc
+
+
+def _trial_doc(study: optuna.Study, rec: TrialRecord) -> dict:
+    attrs = study.trials[rec.number].user_attrs
+    return {"trial": rec.number, "params": attrs.get("candidate", rec.params),
+            "tokens_per_s_per_gpu": rec.tokens_per_s_per_gpu, "mfu": rec.mfu, "peak_mem_gib": rec.peak_mem_gib,
+            "phase_s": rec.phase_s, "simulated": bool(attrs.get("simulated")),
+            "workload_tuned": attrs.get("workload_tuned") or {}}
+
+
+def write_result_json(path: Path, doc: dict) -> Path:
+    path = Path(path)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def export_best(study: optuna.Study, out_dir: Path) -> Path:
+    """Write OUT/best.yaml from the best feasible measured trial of a stored study."""
+    best = best_records(study, k=1)
+    if not best:
+        raise ConfigError(f"study {study.study_name!r} has no finished feasible trial to export yet")
+    identity = identity_of(study)
+    rec = best[0]
+    attrs = study.trials[rec.number].user_attrs
+    model = get_model(identity["model"])
+    candidate = Candidate.from_params(attrs["candidate"])
+    workload = workload_of(identity, attrs)
+    gpn, nodes = identity["gpus_per_node"], identity["nodes"]
+    overrides = verl_overrides(model, workload, candidate, gpus_per_node=gpn, nodes=nodes)
+    base = baseline_record(study)
+    header = export_header(model=model, gpu_name=get_gpu(identity["gpu"]).name, gpus_per_node=gpn, nodes=nodes,
+                           backend=identity["backend"], simulated=bool(attrs.get("simulated")),
+                           study=study.study_name, trial=rec.number, tokens_per_s_per_gpu=rec.tokens_per_s_per_gpu,
+                           mfu=rec.mfu, peak_mem_gib=rec.peak_mem_gib or 0.0,
+                           baseline_tokens_per_s_per_gpu=base.tokens_per_s_per_gpu if base and base.feasible_measurement else None,
+                           tuned_workload_knobs=tuple(sorted(attrs.get("workload_tuned") or {})), config_dir=out_dir)
+    return write_best_yaml(Path(out_dir) / "best.yaml", overrides, model_engine(candidate), header)

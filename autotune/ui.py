@@ -1,0 +1,88 @@
+"""What people read in the terminal: per-trial lines and tables (rich)."""
+
+from __future__ import annotations
+
+import optuna
+from rich.console import Console
+from rich.table import Table
+
+from autotune.models import MODELS
+from autotune.storage.records import TrialRecord, baseline_record, best_records, records
+
+_console = Console(highlight=False, soft_wrap=True)
+
+
+def candidate_summary(c: dict) -> str:
+    """The knobs that matter at a glance, in verl's words."""
+    if not c:
+        return ""
+    if c.get("actor_engine") == "megatron":
+        layout = f"megatron tp{c['actor_tp']} pp{c['actor_pp']}" + (f" vpp{c['actor_vpp']}" if c["actor_vpp"] > 1 else "") \
+            + (f" cp{c['actor_cp']}" if c["actor_cp"] > 1 else "") + (f" ep{c['actor_ep']}" if c["actor_ep"] > 1 else "")
+    else:
+        layout = c.get("actor_engine", "?") + (f" sp{c['ulysses_sp']}" if c.get("ulysses_sp", 1) > 1 else "")
+    if c.get("use_dynamic_bsz"):
+        batch = f"dyn {c['ppo_max_token_len_per_gpu']}/{c['log_prob_max_token_len_per_gpu']} tok"
+    else:
+        batch = f"micro {c['ppo_micro_batch_size_per_gpu']}/{c['log_prob_micro_batch_size_per_gpu']}"
+    saves = [name for key, name in (("gradient_checkpointing", "ckpt"), ("param_offload", "p-off"),
+                                    ("optimizer_offload", "o-off"), ("activation_offload", "a-off"),
+                                    ("ref_param_offload", "ref-off")) if c.get(key)]
+    return (f"{layout} | rollout tp{c['rollout_tp']} mem {c['gpu_memory_utilization']:.2f} seqs {c['max_num_seqs']} "
+            f"| {batch} | {' '.join(saves) or 'no savers'}")
+
+
+def trial_line(t: optuna.trial.FrozenTrial) -> str:
+    r = TrialRecord.of(t)
+    tag = " (baseline)" if r.baseline else ""
+    if r.feasible_measurement:
+        mfu = "n/a" if r.mfu is None else f"{r.mfu:.2f}"
+        return (f"trial {r.number:3d}{tag} {r.state:9s} {r.tokens_per_s_per_gpu:8.0f} tok/s/GPU  MFU {mfu}  "
+                f"peak {r.peak_mem_gib:5.1f} GiB  {candidate_summary(t.user_attrs.get('candidate', {}))}")
+    return f"trial {r.number:3d}{tag} {r.state:9s} {r.reason}"
+
+
+def print_best_table(study: optuna.Study, *, simulated: bool, k: int = 5) -> None:
+    best = best_records(study, k=k)
+    base = baseline_record(study)
+    title = f"best trials of {study.study_name}" + (" (SIMULATED by the calibrated model)" if simulated else "")
+    table = Table(title=title)
+    for col in ("trial", "tokens/s/GPU", "vs verl default", "actor MFU", "peak GiB", "configuration"):
+        table.add_column(col, justify="right" if col not in ("configuration",) else "left")
+    base_tps = base.tokens_per_s_per_gpu if base and base.feasible_measurement else None
+    rows = list(best)
+    if base and base.feasible_measurement and all(r.number != base.number for r in rows):
+        rows.append(base)
+    for r in rows:
+        gain = f"x{r.tokens_per_s_per_gpu / base_tps:.2f}" if base_tps else "n/a"
+        name = f"{r.number}" + (" (verl default)" if r.baseline else "")
+        table.add_row(name, f"{r.tokens_per_s_per_gpu:.0f}", gain, "n/a" if r.mfu is None else f"{r.mfu:.3f}",
+                      f"{r.peak_mem_gib:.1f}", candidate_summary(study.trials[r.number].user_attrs.get("candidate", {})))
+    _console.print(table)
+
+
+def print_trials(study: optuna.Study) -> None:
+    table = Table(title=f"study {study.study_name}: {len(study.trials)} trials")
+    for col in ("trial", "state", "tokens/s/GPU", "MFU", "peak GiB", "reason / configuration"):
+        table.add_column(col)
+    for r in records(study):
+        cand = study.trials[r.number].user_attrs.get("candidate", {})
+        detail = candidate_summary(cand) if r.feasible_measurement else r.reason
+        table.add_row(str(r.number) + (" *" if r.baseline else ""), r.state,
+                      "" if r.tokens_per_s_per_gpu is None else f"{r.tokens_per_s_per_gpu:.0f}",
+                      "" if r.mfu is None else f"{r.mfu:.3f}",
+                      "" if r.peak_mem_gib is None else f"{r.peak_mem_gib:.1f}", detail)
+    _console.print(table)
+    _console.print("* verl's default configuration (baseline)")
+
+
+def print_models() -> None:
+    table = Table(title="known models")
+    for col in ("name", "HF id", "params", "layers", "hidden", "heads/kv", "FFN", "experts", "vocab"):
+        table.add_column(col)
+    for m in MODELS.values():
+        experts = f"{m.num_experts} (top {m.num_experts_per_tok})" if m.is_moe else "-"
+        ffn = m.moe_intermediate_size if m.is_moe else m.intermediate_size
+        table.add_row(m.name, m.hf_id, f"{m.param_count() / 1e9:.2f}B", str(m.num_layers), str(m.hidden_size),
+                      f"{m.num_heads}/{m.num_kv_heads}", str(ffn), experts, str(m.vocab_size))
+    _console.print(table)
