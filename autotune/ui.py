@@ -9,7 +9,9 @@ from rich.table import Table
 from autotune.models import MODELS
 from autotune.storage.records import TrialRecord, baseline_record, best_records, records
 
-_console = Console(highlight=False, soft_wrap=True)
+_console = Console(highlight=False)
+if not _console.is_terminal:  # pipes and CI logs: wide enough for the configuration column
+    _console = Console(highlight=False, width=200)
 
 
 def candidate_summary(c: dict) -> str:

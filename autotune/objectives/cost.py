@@ -80,6 +80,8 @@ def _pass_s(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate,
         mfu *= THROUGHPUT.forward_mfu_factor
     elif cand.gradient_checkpointing:
         mfu *= THROUGHPUT.ckpt_throughput_factor
+    if not forward_only and cand.actor_engine == "fsdp2":
+        mfu *= SYSTEM.fsdp2_throughput_factor
     compute_s = flops / (mfu * gpu.peak_bf16_flops)
 
     n_micro = max(seqs_per_rank * seq / max(tok_micro, 1.0), 1.0) * (1 if forward_only else workload.ppo_epochs)
@@ -186,7 +188,7 @@ def estimate_step_time(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand:
         ref_s, _ = _pass_s(model, gpu, workload, cand, layout, forward_only=True, role="ref")
         if cand.ref_param_offload:
             ref_s += 2 * _host_copy_s(BF16 * model.param_count() / layout.world_size, gpu)
-    update_s, update_flops = _pass_s(model, gpu, workload, cand, layout, forward_only=False)
+    update_s, _ = _pass_s(model, gpu, workload, cand, layout, forward_only=False)
     state = actor_state_bytes(model, cand, layout)
     if cand.optimizer_offload:
         update_s += 2 * _host_copy_s(state.optimizer, gpu)
@@ -201,7 +203,8 @@ def estimate_step_time(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand:
     step_s = sum(phase_s.values()) + SYSTEM.step_fixed_s
     tokens = workload.trajectories_per_step * workload.mean_seq_len
     world = layout.world_size
-    mfu_actor = update_flops * layout.dp * (cand.actor_tp * cand.actor_cp * cand.actor_pp if cand.is_megatron
-                                            else cand.ulysses_sp) / update_s / (gpu.peak_bf16_flops * world)
+    # verl counts the real (unpadded) tokens of the batch (engine_workers.py:228-235, global_token_num)
+    real_flops = train_flops_uniform(model, workload.trajectories_per_step, workload.mean_seq_len) * workload.ppo_epochs
+    mfu_actor = real_flops / update_s / (gpu.peak_bf16_flops * world)
     return StepTime(phase_s=phase_s, step_s=step_s, tokens_per_step=tokens, tokens_per_s_per_gpu=tokens / step_s / world,
                     mfu_actor=mfu_actor, rollout_concurrency=concurrency)

@@ -200,9 +200,13 @@ def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Ca
     logits_end = train_logits_bytes(model, tok, start_of_backward=False) / vocab_split
     static = state.weights + ref_resident + state.gather_buffer + sleeping_vllm + overhead
     bwd_start = static + optim_resident + frag * (act + logits_start)
-    bwd_end = static + optim_resident + state.grads + frag * (logits_end + act * 0.1)
+    layer_inputs = ACTIVATIONS.ckpt_per_h * model.hidden_size * tok * layers_on_rank  # kept until their layer's backward
+    bwd_end = static + optim_resident + state.grads + frag * (logits_end + layer_inputs)
     opt_step = static + state.grads + state.optimizer
     update = max(bwd_start, bwd_end, opt_step)
+    if cand.actor_engine == "fsdp2":
+        fixed = sleeping_vllm + overhead
+        update = fixed + SYSTEM.fsdp2_memory_factor * (update - fixed)
 
     phases = {"rollout": rollout, "old_log_prob": old_log_prob, "update_actor": update}
     if workload.use_kl_loss:

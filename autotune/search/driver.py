@@ -60,7 +60,9 @@ def open_study(cfg: TuneConfig) -> optuna.Study:
     stored = study.user_attrs.get("identity")
     if stored is None:
         study.set_user_attr("identity", identity)
-        study.set_metric_names(["tokens_per_s_per_gpu"])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(["tokens_per_s_per_gpu"])
     elif stored != identity:
         diff = sorted(k for k in identity if stored.get(k) != identity[k])
         raise ConfigError(f"study {cfg.study_name!r} in this storage was created for a different job (differs in: "
@@ -154,7 +156,7 @@ def _run_trial(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial) -> N
     trial.set_user_attr("pid", os.getpid())
     trial.set_user_attr("backend", cfg.backend)
     trial.set_user_attr("candidate", candidate.as_params())
-    if workload != cfg.workload:
+    if cfg.tune_workload:  # opted-in workload knobs: recorded even when equal to the user's value
         trial.set_user_attr("workload_tuned", {k: getattr(workload, k) for k in cfg.tune_workload})
 
     duplicate = _find_duplicate(study, trial)

@@ -17,7 +17,7 @@ def make_sampler(seed: int | None, *, n_startup_trials: int = 8) -> optuna.sampl
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
-                                          n_startup_trials=n_startup_trials, warn_independent_sampling=False)
+                                          n_startup_trials=n_startup_trials)
 
 
 def make_pruner(warmup_steps: int) -> optuna.pruners.BasePruner:

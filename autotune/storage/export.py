@@ -9,6 +9,7 @@ are never emitted.
 from __future__ import annotations
 
 import datetime as _dt
+import re
 from pathlib import Path
 
 import yaml
@@ -21,6 +22,8 @@ ARO = "actor_rollout_ref"
 # Keys that are not in verl's schema and are added on purpose (Hydra needs "+" on the command line).
 ADDED_KEYS = ("ray_kwargs.ray_init.runtime_env.env_vars.CUDA_DEVICE_MAX_CONNECTIONS",)
 VERL_CONFIG_SEARCHPATH = "pkg://verl.trainer.config"
+# Characters Hydra's override grammar accepts unquoted in a value; anything else is quoted.
+_HYDRA_BARE = re.compile(r"^[A-Za-z0-9_./@-]+$")
 
 
 def workload_overrides(model: ModelSpec, workload: Workload, *, gpus_per_node: int, nodes: int) -> dict:
@@ -132,9 +135,18 @@ def _hydra_value(value) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     text = str(value)
-    if any(ch in text for ch in " ,[]{}()='\"\\:") or text.lower() in ("null", "true", "false"):
+    if not _HYDRA_BARE.match(text) or text.lower() in ("null", "true", "false") or _looks_numeric(text):
         return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
     return text
+
+
+def _looks_numeric(text: str) -> bool:
+    """A string Hydra would read as a number must stay a string (Ray env vars must be str)."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def hydra_overrides(overrides: dict, engine: str) -> list[str]:

@@ -1,0 +1,35 @@
+import pytest
+
+from autotune.errors import ConfigError, StorageError
+from autotune.storage.urls import check_storage_url, default_storage_url, open_storage, redact
+
+
+def test_default_is_an_absolute_sqlite_file_under_out(tmp_path):
+    url = default_storage_url(tmp_path / "o")
+    assert url == f"sqlite:///{(tmp_path / 'o' / 'autotune.db').resolve()}"
+
+
+@pytest.mark.parametrize("url, message", [
+    ("not a url", "is not a database URL"),
+    ("nosuchdb://x/y", "unknown database type"),
+    ("sqlite:////definitely/missing/folder/a.db", "does not exist"),
+])
+def test_bad_urls_are_config_errors(url, message):
+    with pytest.raises(ConfigError, match=message):
+        check_storage_url(url)
+
+
+def test_unreachable_server_is_one_line(tmp_path):
+    pytest.importorskip("psycopg2")
+    with pytest.raises(StorageError) as info:
+        open_storage("postgresql://nobody:secret@127.0.0.1:1/none")
+    assert "\n" not in str(info.value) and "secret" not in str(info.value)
+
+
+def test_password_is_redacted():
+    assert "secret" not in redact("postgresql://u:secret@h/db")
+
+
+def test_sqlite_opens_and_creates_tables(tmp_path):
+    storage = open_storage(f"sqlite:///{tmp_path / 'a.db'}")
+    assert storage.get_all_studies() == []
