@@ -26,12 +26,12 @@ def check_storage_url(url: str) -> str:
         raise ConfigError(f"--storage {url!r} is not a database URL (expected e.g. sqlite:///path/autotune.db or "
                           "postgresql://user@host/db)") from None
     try:
-        parsed.get_dialect()
+        parsed.get_dialect().import_dbapi()
     except NoSuchModuleError:
         raise ConfigError(f"--storage {url!r}: unknown database type {parsed.drivername!r}") from None
     except ImportError as exc:
-        raise ConfigError(f"--storage {url!r}: database driver missing ({exc.name or exc}); install it, e.g. "
-                          "pip install psycopg2-binary") from None
+        raise ConfigError(f"--storage {redact(url)}: database driver {exc.name or exc} is not installed "
+                          "(PostgreSQL: pip install 'psycopg[binary]')") from None
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
         parent = Path(parsed.database).expanduser().parent
         if not parent.is_dir():

@@ -20,10 +20,15 @@ def test_bad_urls_are_config_errors(url, message):
 
 
 def test_unreachable_server_is_one_line(tmp_path):
-    pytest.importorskip("psycopg2")
+    pytest.importorskip("psycopg")
     with pytest.raises(StorageError) as info:
         open_storage("postgresql://nobody:secret@127.0.0.1:1/none")
     assert "\n" not in str(info.value) and "secret" not in str(info.value)
+
+
+def test_missing_driver_is_a_config_error():
+    with pytest.raises(ConfigError, match="not installed"):
+        check_storage_url("mysql+mysqldb://u:p@h/db")
 
 
 def test_password_is_redacted():
