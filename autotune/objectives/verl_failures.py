@@ -46,13 +46,16 @@ class Failure:
         return self.kind in _GPU_MEMORY_KINDS
 
 
-def _rx(*patterns: str) -> tuple[re.Pattern[str], ...]:
-    return tuple(re.compile(p) for p in patterns)
+def _rx(*patterns: str) -> re.Pattern[str]:
+    """One regex matching any of `patterns` (one search per line instead of one per pattern)."""
+    return re.compile("|".join(f"(?:{p})" for p in patterns))
 
 
 # Evidence, most specific cause first. Order matters: an OOM on one rank leaves the other ranks in an
 # NCCL watchdog timeout, and every worker error reaches the driver wrapped in a RayTaskError, so
-# memory evidence is looked for before NCCL evidence and nothing keys on the wrapper.
+# memory evidence is looked for before NCCL evidence and nothing keys on the wrapper. vLLM's
+# KV-cache check comes before a plain CUDA OOM because it names the knob to turn
+# (gpu_memory_utilization / max_model_len) when both show up.
 _KV_CACHE = _rx(
     # vLLM: KV cache profiling left no room (vllm/v1/core/kv_cache_utils.py; verl-project/verl#2245)
     r"No available memory for the cache blocks",
@@ -67,7 +70,7 @@ _CUDA_OOM = _rx(
     r"torch\.(?:cuda\.)?OutOfMemoryError",  # verl-project/verl#2828
     r"CUDA out of memory",
     # vLLM's cumem allocator on wake_up after a rollout sleep (verl-project/verl#302)
-    r"(?i)CUDA error: out of memory",
+    r"(?i:CUDA error: out of memory)",
 )
 _HOST_OOM = _rx(
     # Ray memory monitor (verl-project/verl#2950, #1684)
@@ -114,11 +117,11 @@ _ENVIRONMENT = _rx(
 # why the run died.
 _WARNING_LINE = re.compile(r"(?i)warning|warnings\.warn|falling back")
 _NCCL = _rx(
-    r"(?i)\bNCCL error\b",
+    r"(?i:\bNCCL error\b)",
     r"nccl(?:Internal|System|UnhandledCuda|InvalidUsage|Remote)Error",
     r"Watchdog caught collective operation timeout",  # verl-project/verl#1158
 )
-_EVIDENCE: tuple[tuple[FailureKind, tuple[re.Pattern[str], ...]], ...] = (
+_EVIDENCE: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
     (FailureKind.KV_CACHE_TOO_SMALL, _KV_CACHE),
     (FailureKind.CUDA_OOM, _CUDA_OOM),
     (FailureKind.HOST_OOM, _HOST_OOM),
@@ -137,12 +140,12 @@ _PHASE_MARKERS: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 # Hydra echoes every override on failure ("Error executing job with overrides: [...]") and launch
 # scripts are logged too; `rollout.name=vllm` there says nothing about where the run died.
-_NOT_A_PHASE_LINE = re.compile(r"overrides: \[|\w(?:\.\w+)+=")
+_NOT_A_PHASE_LINE = re.compile(r"overrides: \[|\w(?:\.\w+){1,8}=")
 
 _ANSI_RE = re.compile(r"\x1b?\[[0-9;]{0,12}m|\x1b\[[0-9;?]{0,12}[A-Za-z]")
 _REQUESTED_RE = re.compile(r"Tried to allocate (\d+(?:\.\d+)?) ?(GiB|MiB|KiB|GB|MB)")
 _UNIT_GIB = {"GiB": 1.0, "GB": 1.0, "MiB": 1 / 1024, "MB": 1 / 1024, "KiB": 1 / 1024**2}
-_SIGKILL_CODES = frozenset({-9, 137})
+_SIGKILL_CODES = frozenset({-9, 137})  # Popen's "killed by signal 9", and a shell's 128 + 9
 
 
 def classify_failure(
@@ -165,20 +168,16 @@ def classify_failure(
 
 def _find_evidence(lines: list[str]) -> tuple[FailureKind, str] | None:
     """First kind (in `_EVIDENCE` order) with a matching line, and its last such line."""
-    for kind, patterns in _EVIDENCE:
-        line = _last_matching_line(lines, patterns, skip_warnings=kind is FailureKind.ENVIRONMENT)
+    for kind, pattern in _EVIDENCE:
+        line = _last_matching_line(lines, pattern, skip_warnings=kind is FailureKind.ENVIRONMENT)
         if line is not None:
             return kind, line
     return None
 
 
-def _last_matching_line(
-    lines: list[str], patterns: tuple[re.Pattern[str], ...], *, skip_warnings: bool
-) -> str | None:
+def _last_matching_line(lines: list[str], pattern: re.Pattern[str], *, skip_warnings: bool) -> str | None:
     for line in reversed(lines):
-        if skip_warnings and _WARNING_LINE.search(line):
-            continue
-        if any(p.search(line) for p in patterns):
+        if pattern.search(line) and not (skip_warnings and _WARNING_LINE.search(line)):
             return line
     return None
 

@@ -41,14 +41,18 @@ _ANSI_RE = re.compile(r"\x1b?\[[0-9;]{0,12}m|\x1b\[[0-9;?]{0,12}[A-Za-z]")
 _STEP_RE = re.compile(r"(?:^|[^\w/.])step:(\d{1,18})(?=\s+-\s|\s*$)")
 # pprint reprs verl emits: plain numbers, nan/inf, True/False, numpy-2 `np.float64(0.2)`.
 _NUMPY_WRAP_RE = re.compile(r"^(?:np|numpy)\.\w+\((.*)\)$")
-_NUMBER_RE = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)")
+# (written so that no two parts can split the same digits: linear time on any input)
+_NUMBER_RE = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)")
 _BOOLS = {"True": 1.0, "False": 0.0}
 _ITEM_SEP = " - "
+# Ray's log deduplication appends this to a line (e.g. "... 'vllm._version' [repeated 7x across
+# cluster]" in PRIME-RL/PRIME#16); left on a step line it would hide the last metric.
+_RAY_REPEAT_RE = re.compile(r"\[repeated \d+x across cluster\]\s*$")
 
 
 def parse_console_line(line: str) -> StepMetrics | None:
     """Metrics of one verl console step line, or None for any other line; never raises."""
-    clean = _ANSI_RE.sub("", line)
+    clean = _RAY_REPEAT_RE.sub("", _ANSI_RE.sub("", line))
     match = _STEP_RE.search(clean)
     if match is None:
         return None
