@@ -19,6 +19,7 @@ EPILOG = """examples:
   autotune show --out autotune-out                       # the stored trials
   autotune export --out autotune-out                     # best.yaml from the stored study
   autotune models                                        # known models and their shapes
+  autotune train --config autotune-out/best.yaml trainer.total_epochs=3   # full verl training
 """
 
 
@@ -65,6 +66,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--gpu", help="GPU type when none is detected (default H200; see hardware table)")
     run.add_argument("--quiet", action="store_true", help="no per-trial lines")
     run.set_defaults(func=cmd_run)
+
+    train = sub.add_parser("train", help="launch the full verl training with an exported best.yaml",
+                           description="Runs python3 -m verl.trainer.main_ppo --config-path=DIR --config-name=best "
+                                       "[OVERRIDES], the same launcher as a probe without the probe limits.")
+    train.add_argument("--config", type=Path, required=True, help="the exported best.yaml")
+    train.add_argument("--dry-run", action="store_true", help="print the exact command and exit")
+    train.add_argument("--idle-timeout", type=_positive_int, default=6 * 3600,
+                       help="kill the run when no step finishes for this many seconds (default 21600)")
+    train.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. trainer.total_epochs=3")
+    train.set_defaults(func=cmd_train)
 
     models = sub.add_parser("models", help="list the known models and their shapes")
     models.set_defaults(func=cmd_models)
@@ -224,6 +235,35 @@ def cmd_export(args) -> int:
     path = export_best(study, out_dir)
     print(f"wrote {path}")
     return 0
+
+
+def cmd_train(args) -> int:
+    import shlex
+
+    from autotune.objectives.process import run_in_process_group
+    from autotune.objectives.verl_metrics import parse_console_line
+    from autotune.objectives.verl_runner import train_command
+
+    config = args.config.expanduser()
+    if not config.is_file() or config.suffix not in (".yaml", ".yml"):
+        raise ConfigError(f"--config {args.config}: not an exported best.yaml file")
+    bad = [o for o in args.overrides if "=" not in o]
+    if bad:
+        raise ConfigError(f"overrides must look like key=value, but got {bad[0]!r}")
+    argv = train_command(config, list(args.overrides))
+    print(shlex.join(argv))
+    if args.dry_run:
+        return 0
+    outcome = run_in_process_group(
+        argv, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=Path.cwd(), log_path=config.parent / "train.log",
+        deadline_s=float(365 * 24 * 3600), idle_timeout_s=float(args.idle_timeout),
+        on_output=lambda line: (print(line, end="" if line.endswith("\n") else "\n", flush=True),
+                                parse_console_line(line) is not None)[1])
+    if outcome.hung:
+        print(f"autotune: error: no training step for {args.idle_timeout} s; stopped (log: {outcome.log_path})",
+              file=sys.stderr)
+        return 1
+    return 0 if outcome.returncode == 0 else 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -50,6 +50,11 @@ class ProbeOOM(ProbeError):
         self.peak_mem_gib = peak_mem_gib
 
 
+class ProbeRejected(ProbeError):
+    """verl refused the configuration at start-up: a rule autotune's pre-checks did not know; taught to the
+    sampler like a rule violation."""
+
+
 class ProbeTimeout(ProbeError):
     """The probe exceeded its deadline or stopped making progress."""
 

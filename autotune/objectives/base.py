@@ -73,10 +73,10 @@ class ProbePruned(Exception):
 # name -> "module:Class"; imported only when chosen, so heavy extras stay optional.
 _BACKENDS: dict[str, str] = {
     "sim": "autotune.objectives.sim:SimRunner",
+    "verl": "autotune.objectives.verl_runner:VerlRunner",
 }
 _NOT_YET: dict[str, str] = {
     "torch": "the torch backend is not available yet (issue 4); use --backend sim",
-    "verl": "the verl backend is not available yet (issue 3); use --backend sim",
 }
 BACKEND_NAMES = ("auto", "sim", "torch", "verl")
 

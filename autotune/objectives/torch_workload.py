@@ -660,7 +660,8 @@ class GrpoProbe:
         on the CPU the budget is nominal)."""
         if self.device.type != "cuda":
             return None
-        used = self.concurrency * (max(prompt_lengths) + self.work.max_response_length) * kv_bytes_per_token(self.req.model)
+        seqs = min(self.concurrency, len(prompt_lengths))
+        used = seqs * (max(prompt_lengths) + self.work.max_response_length) * kv_bytes_per_token(self.req.model)
         slack = int(self.kv_budget_bytes - used)
         return torch.empty(slack, dtype=torch.uint8, device=self.device) if slack > 0 else None
 

@@ -18,7 +18,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.config import TuneConfig
-from autotune.errors import ConfigError, ProbeCrashed, ProbeEnvironmentError, ProbeOOM, ProbeTimeout
+from autotune.errors import ConfigError, ProbeCrashed, ProbeEnvironmentError, ProbeOOM, ProbeRejected, ProbeTimeout
 from autotune.objectives.base import ProbePruned, ProbeRequest, ProbeResult, ProbeRunner
 from autotune.objectives.memory import estimate_memory
 from autotune.search.sampler import make_pruner, make_sampler
@@ -192,7 +192,10 @@ def _probe(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial, candidat
         return trial.should_prune()
 
     try:
-        result = ctx.runner.probe(request, report)
+        try:
+            result = ctx.runner.probe(request, report)
+        finally:
+            _keep_probe_log(study, trial, run_dir)
     except ProbeOOM as exc:
         set_constraints(trial, memory=exc.over_gib if exc.over_gib and exc.over_gib > 0 else 1.0)
         trial.set_user_attr("state", "oom")
@@ -200,6 +203,12 @@ def _probe(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial, candidat
         trial.set_user_attr("oom_phase", exc.phase)
         if exc.peak_mem_gib is not None:
             trial.set_user_attr("peak_mem_gib", exc.peak_mem_gib)
+        study.tell(trial, 0.0)
+        return
+    except ProbeRejected as exc:
+        set_constraints(trial, rules=1.0)
+        trial.set_user_attr("state", "rejected")
+        trial.set_user_attr("reason", f"verl refused it at start-up: {exc}"[:500])
         study.tell(trial, 0.0)
         return
     except ProbePruned as exc:
@@ -220,6 +229,20 @@ def _probe(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial, candidat
         return
     _record_result(trial, result)
     study.tell(trial, result.tokens_per_s_per_gpu)
+
+
+def _keep_probe_log(study: optuna.Study, trial: optuna.Trial, run_dir: Path) -> None:
+    """Store the probe's log as an Optuna artifact (the dashboard shows it next to the trial)."""
+    log_path = run_dir / "probe.log"
+    if not log_path.is_file():
+        return
+    from optuna.artifacts import FileSystemArtifactStore, upload_artifact
+
+    store_dir = run_dir.parent.parent / "artifacts"
+    store_dir.mkdir(parents=True, exist_ok=True)
+    artifact_id = upload_artifact(artifact_store=FileSystemArtifactStore(str(store_dir)), file_path=str(log_path),
+                                  study_or_trial=trial)
+    trial.set_user_attr("log_artifact_id", artifact_id)
 
 
 def _record_result(trial: optuna.Trial, result: ProbeResult) -> None:

@@ -42,7 +42,7 @@ def compose_overrides(overrides: list[str]):
             raise ConfigError(f"verl rejected the config: {str(exc).splitlines()[0]}") from None
 
 
-def compose_exported(best_yaml: Path):
+def compose_exported(best_yaml: Path, overrides: list[str] = ()):
     """Compose an exported best.yaml the way `main_ppo --config-path DIR --config-name best` does.
 
     The file's searchpath `pkg://verl.trainer.config` imports verl (and ray); here it is pointed at the
@@ -53,7 +53,8 @@ def compose_exported(best_yaml: Path):
     best_yaml = Path(best_yaml).resolve()
     with initialize_config_dir(config_dir=str(best_yaml.parent), version_base=None):
         try:
-            return compose(config_name=best_yaml.stem, overrides=[f"hydra.searchpath=[file://{verl_config_dir()}]"])
+            return compose(config_name=best_yaml.stem,
+                           overrides=[f"hydra.searchpath=[file://{verl_config_dir()}]", *overrides])
         except HydraException as exc:
             raise ConfigError(f"verl rejected {best_yaml.name}: {str(exc).splitlines()[0]}") from None
 

@@ -1,0 +1,1 @@
+"""TEST DOUBLE of the verl package (see ../README.md). Not verl."""
