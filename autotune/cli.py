@@ -120,7 +120,7 @@ def _check_out_dir(out: str) -> Path:
     return path
 
 
-def build_tune_config(args) -> "TuneConfig":
+def build_tune_config(args):
     """Validate everything the user gave, without touching storage."""
     from autotune.config import TuneConfig, check_study_name, default_study_name, load_tune_yaml
     from autotune.hardware import DEFAULT_GPU, detect_gpus, get_gpu, match_device_name

@@ -87,3 +87,16 @@ THROUGHPUT = ThroughputConstants(mfu_max_at_h2048=0.576, mfu_max_log2_slope=0.15
                                  ckpt_throughput_factor=0.784, forward_mfu_factor=0.9411)
 ROLLOUT = RolloutConstants()
 SYSTEM = SystemConstants()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConstants:
+    """All constants of one model instance (the benchmark perturbs them to play an imperfect model)."""
+
+    activations: ActivationConstants = ACTIVATIONS
+    throughput: ThroughputConstants = THROUGHPUT
+    rollout: RolloutConstants = ROLLOUT
+    system: SystemConstants = SYSTEM
+
+
+DEFAULT_CONSTANTS = ModelConstants()

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 from autotune.hardware import GpuSpec
 from autotune.models import ModelSpec
-from autotune.objectives.calibration import ROLLOUT, SYSTEM, THROUGHPUT, ThroughputConstants
+from autotune.objectives.calibration import DEFAULT_CONSTANTS, THROUGHPUT, ModelConstants, ThroughputConstants
 from autotune.objectives.flops import train_flops_uniform
-from autotune.objectives.memory import (BF16, FP32, actor_state_bytes, kv_bytes_per_token, tokens_per_micro_batch,
+from autotune.objectives.memory import (BF16, FP32, actor_state_bytes, kv_bytes_per_token, ref_weight_bytes,
+                                        tokens_per_micro_batch,
                                         train_activation_bytes, vllm_kv_cache_bytes)
 from autotune.spaces.candidate import Candidate
 from autotune.spaces.layout import ParallelLayout
@@ -41,19 +42,19 @@ def train_mfu(tokens_per_micro: float, hidden_per_gpu: float, c: ThroughputConst
     return max(mfu_max, 0.05) * tokens_per_micro / (tokens_per_micro + t_half)
 
 
-def _collective_s(bytes_per_gpu: float, group: int, link_bytes_per_s: float) -> float:
+def _collective_s(bytes_per_gpu: float, group: int, link_bytes_per_s: float, k: ModelConstants) -> float:
     """Ring collective time: (g-1)/g of the payload crosses each link."""
     if group <= 1:
         return 0.0
-    return bytes_per_gpu * (group - 1) / group / (link_bytes_per_s * SYSTEM.collective_efficiency)
+    return bytes_per_gpu * (group - 1) / group / (link_bytes_per_s * k.system.collective_efficiency)
 
 
 def _link(gpu: GpuSpec, group: int, gpus_per_node: int) -> float:
     return gpu.intra_node_bytes_per_s if group <= gpus_per_node else gpu.inter_node_bytes_per_s
 
 
-def _host_copy_s(nbytes: float, gpu: GpuSpec) -> float:
-    return nbytes / (gpu.host_link_bytes_per_s * SYSTEM.host_link_efficiency)
+def _host_copy_s(nbytes: float, gpu: GpuSpec, k: ModelConstants) -> float:
+    return nbytes / (gpu.host_link_bytes_per_s * k.system.host_link_efficiency)
 
 
 def _hidden_per_gpu(model: ModelSpec, cand: Candidate) -> float:
@@ -61,7 +62,7 @@ def _hidden_per_gpu(model: ModelSpec, cand: Candidate) -> float:
 
 
 def _pass_s(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate, layout: ParallelLayout, *,
-            forward_only: bool, role: str = "actor") -> tuple[float, float]:
+            forward_only: bool, role: str = "actor", k: ModelConstants) -> tuple[float, float]:
     """(seconds, FLOPs) for one rank's share of a full-batch pass (all mini-batches, all epochs)."""
     seq = workload.mean_seq_len if cand.use_remove_padding else workload.seq_len
     seqs_per_rank = layout.trajectories_per_rank
@@ -75,68 +76,69 @@ def _pass_s(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate,
     if cand.use_dynamic_bsz:
         tok_micro *= 0.92  # greedy packing fills ~92% of the budget (seqlen_balancing karmarkar-karp)
     per_gpu_tokens = tok_micro / (cand.actor_tp * cand.actor_cp if cand.is_megatron else cand.ulysses_sp)
-    mfu = train_mfu(per_gpu_tokens, _hidden_per_gpu(model, cand))
+    mfu = train_mfu(per_gpu_tokens, _hidden_per_gpu(model, cand), k.throughput)
     if forward_only:
-        mfu *= THROUGHPUT.forward_mfu_factor
+        mfu *= k.throughput.forward_mfu_factor
     elif cand.gradient_checkpointing:
-        mfu *= THROUGHPUT.ckpt_throughput_factor
+        mfu *= k.throughput.ckpt_throughput_factor
     if not forward_only and cand.actor_engine == "fsdp2":
-        mfu *= SYSTEM.fsdp2_throughput_factor
+        mfu *= k.system.fsdp2_throughput_factor
     compute_s = flops / (mfu * gpu.peak_bf16_flops)
 
     n_micro = max(seqs_per_rank * seq / max(tok_micro, 1.0), 1.0) * (1 if forward_only else workload.ppo_epochs)
     comm_s = _parallel_comm_s(model, gpu, cand, layout, n_micro=n_micro, tok_micro=tok_micro,
-                              forward_only=forward_only)
-    hidden = comm_s * SYSTEM.comm_overlap
+                              forward_only=forward_only, k=k)
+    hidden = comm_s * k.system.comm_overlap
     total = compute_s + max(comm_s - min(hidden, compute_s), 0.0)
     if cand.is_megatron and cand.actor_pp > 1 and not forward_only:
         m = n_micro / max(workload.train_batch_size // workload.ppo_mini_batch_size, 1)
         bubble = (cand.actor_pp - 1) / (cand.actor_vpp * m + cand.actor_pp - 1)
         total /= (1 - bubble)
     if cand.activation_offload and not forward_only:
-        act = train_activation_bytes(model, tok_micro, layers=model.num_layers, checkpointing=cand.gradient_checkpointing)
-        total += 0.5 * 2 * _host_copy_s(act, gpu) * n_micro  # D2H in forward, H2D in backward, half hidden
+        act = train_activation_bytes(model, tok_micro, layers=model.num_layers,
+                                     checkpointing=cand.gradient_checkpointing, c=k.activations)
+        total += 0.5 * 2 * _host_copy_s(act, gpu, k) * n_micro  # D2H in forward, H2D in backward, half hidden
     return total, flops
 
 
 def _parallel_comm_s(model: ModelSpec, gpu: GpuSpec, cand: Candidate, layout: ParallelLayout, *,
-                     n_micro: float, tok_micro: float, forward_only: bool) -> float:
+                     n_micro: float, tok_micro: float, forward_only: bool, k: ModelConstants) -> float:
     """Communication per full-batch pass on one rank."""
     n = model.param_count()
     passes = 1 if forward_only else 2  # all-gather for forward, again for backward (reshard_after_forward)
     if not cand.is_megatron:
         world = layout.world_size
         link = _link(gpu, world, layout.gpus_per_node)
-        gather = _collective_s(BF16 * n, world, link) * passes * n_micro
-        reduce = 0.0 if forward_only else _collective_s(FP32 * n, world, link) * n_micro
+        gather = _collective_s(BF16 * n, world, link, k) * passes * n_micro
+        reduce = 0.0 if forward_only else _collective_s(FP32 * n, world, link, k) * n_micro
         sp = cand.ulysses_sp
         a2a = 0.0
         if sp > 1:  # 4 all-to-alls per layer (q, k, v, out) forward, again backward
             a2a_bytes = tok_micro / sp * model.hidden_size * BF16 * 4 * model.num_layers * passes
-            a2a = _collective_s(a2a_bytes, sp, gpu.intra_node_bytes_per_s) * n_micro
+            a2a = _collective_s(a2a_bytes, sp, gpu.intra_node_bytes_per_s, k) * n_micro
         return gather + reduce + a2a
     tp, cp, dp = cand.actor_tp, cand.actor_cp, max(layout.dp, 1)
     layers = model.num_layers / cand.actor_pp
     # TP with sequence parallel: 2 all-gathers + 2 reduce-scatters of the activations per layer per pass
     tp_bytes = tok_micro / cp * model.hidden_size * BF16 * 4 * layers * passes / 2
-    tp_s = _collective_s(tp_bytes, tp, gpu.intra_node_bytes_per_s) * n_micro
-    if cand.cuda_device_max_connections != 1:
+    tp_s = _collective_s(tp_bytes, tp, gpu.intra_node_bytes_per_s, k) * n_micro
+    if cand.cuda_device_max_connections not in (0, 1):  # 0: unset, verl exports 1 itself
         tp_s *= 1.3  # no kernel-ordering guarantee: TP collectives overlap worse (Megatron docs)
     cp_s = _collective_s(tok_micro / cp * model.kv_dim * BF16 * 2 * layers * passes, cp,
-                         gpu.intra_node_bytes_per_s) * n_micro
+                         gpu.intra_node_bytes_per_s, k) * n_micro
     ep_s = 0.0
     if model.is_moe and cand.actor_ep > 1:
         a2a = tok_micro / (tp * cp) * model.hidden_size * BF16 * model.num_experts_per_tok * 2 * layers * passes
-        ep_s = _collective_s(a2a, cand.actor_ep, _link(gpu, cand.actor_ep * tp, layout.gpus_per_node)) * n_micro
+        ep_s = _collective_s(a2a, cand.actor_ep, _link(gpu, cand.actor_ep * tp, layout.gpus_per_node), k) * n_micro
     dp_s = 0.0
     if not forward_only:
         state = actor_state_bytes(model, cand, layout)
-        dp_s = _collective_s(state.grads, dp, _link(gpu, layout.world_size, layout.gpus_per_node))
+        dp_s = _collective_s(state.grads, dp, _link(gpu, layout.world_size, layout.gpus_per_node), k)
     return tp_s + cp_s + ep_s + dp_s
 
 
 def _rollout_s(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate,
-               layout: ParallelLayout) -> tuple[float, float]:
+               layout: ParallelLayout, k: ModelConstants) -> tuple[float, float]:
     """(gen seconds, concurrency) for vLLM: prefill + decode waves limited by KV cache and max_num_seqs."""
     tp = cand.rollout_tp
     replicas = max(layout.rollout_replicas, 1)
@@ -144,63 +146,65 @@ def _rollout_s(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candida
     prompt = workload.prompt_fill * workload.max_prompt_length
     resp = workload.max_response_length
     kv_per_token = kv_bytes_per_token(model, tp)
-    kv_tokens = max(vllm_kv_cache_bytes(model, gpu, cand), 0.0) / kv_per_token
+    kv_tokens = max(vllm_kv_cache_bytes(model, gpu, cand, k), 0.0) / kv_per_token
     concurrency = max(min(cand.max_num_seqs, kv_tokens / (prompt + resp), seqs), 1.0)
     waves = math.ceil(seqs / concurrency)
     active = model.active_param_count()
-    weight_read_s = BF16 * active / tp / (gpu.hbm_bytes_per_s * ROLLOUT.decode_hbm_efficiency)
-    allreduce_s = 2 * model.num_layers * ROLLOUT.tp_allreduce_latency_s if tp > 1 else 0.0
+    weight_read_s = BF16 * active / tp / (gpu.hbm_bytes_per_s * k.rollout.decode_hbm_efficiency)
+    allreduce_s = 2 * model.num_layers * k.rollout.tp_allreduce_latency_s if tp > 1 else 0.0
     mean_ctx = prompt + resp / 2
     decode_s = 0.0
     remaining = seqs
     for _ in range(waves):
         batch = min(concurrency, remaining)
         remaining -= batch
-        kv_read_s = batch * mean_ctx * kv_per_token / (gpu.hbm_bytes_per_s * ROLLOUT.decode_hbm_efficiency)
-        compute_s = 2 * active * batch / tp / (gpu.peak_bf16_flops * ROLLOUT.prefill_mfu)
-        step_s = max(weight_read_s, compute_s) + kv_read_s + allreduce_s + ROLLOUT.decode_step_overhead_s
+        kv_read_s = batch * mean_ctx * kv_per_token / (gpu.hbm_bytes_per_s * k.rollout.decode_hbm_efficiency)
+        compute_s = 2 * active * batch / tp / (gpu.peak_bf16_flops * k.rollout.prefill_mfu)
+        step_s = max(weight_read_s, compute_s) + kv_read_s + allreduce_s + k.rollout.decode_step_overhead_s
         decode_s += resp * step_s
     prefill_tokens = seqs * prompt
     chunks = prefill_tokens / cand.max_num_batched_tokens
-    prefill_s = max(2 * active * prefill_tokens / tp / (gpu.peak_bf16_flops * ROLLOUT.prefill_mfu),
+    prefill_s = max(2 * active * prefill_tokens / tp / (gpu.peak_bf16_flops * k.rollout.prefill_mfu),
                     chunks * weight_read_s)
-    stall = ROLLOUT.chunked_prefill_stall if cand.enable_chunked_prefill else ROLLOUT.unchunked_prefill_stall
-    wake_sleep_s = 2 * _host_copy_s(BF16 * model.param_count() / tp, gpu)  # sleep level 1 offloads weights
+    stall = k.rollout.chunked_prefill_stall if cand.enable_chunked_prefill else k.rollout.unchunked_prefill_stall
+    wake_sleep_s = 2 * _host_copy_s(BF16 * model.param_count() / tp, gpu, k)  # sleep level 1 offloads weights
     return decode_s + stall * prefill_s + wake_sleep_s, concurrency
 
 
-def _update_weights_s(model: ModelSpec, gpu: GpuSpec, cand: Candidate, layout: ParallelLayout) -> float:
+def _update_weights_s(model: ModelSpec, gpu: GpuSpec, cand: Candidate, layout: ParallelLayout,
+                      k: ModelConstants) -> float:
     """Actor -> vLLM weight sync: gather bf16 weights into each rollout shard (checkpoint_engine naive)."""
     shard_bytes = BF16 * model.param_count() / cand.rollout_tp
-    s = SYSTEM.weight_sync_fixed_s + shard_bytes / (_link(gpu, layout.world_size, layout.gpus_per_node)
-                                                   * SYSTEM.collective_efficiency)
+    s = k.system.weight_sync_fixed_s + shard_bytes / (_link(gpu, layout.world_size, layout.gpus_per_node)
+                                                   * k.system.collective_efficiency)
     if cand.param_offload:
-        s += _host_copy_s(actor_state_bytes(model, cand, layout).weights, gpu)
+        s += _host_copy_s(actor_state_bytes(model, cand, layout).weights, gpu, k)
     return s
 
 
 def estimate_step_time(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate,
-                       layout: ParallelLayout) -> StepTime:
-    gen_s, concurrency = _rollout_s(model, gpu, workload, cand, layout)
-    old_s, _ = _pass_s(model, gpu, workload, cand, layout, forward_only=True, role="actor")
+                       layout: ParallelLayout, *, constants: ModelConstants = DEFAULT_CONSTANTS) -> StepTime:
+    k = constants
+    gen_s, concurrency = _rollout_s(model, gpu, workload, cand, layout, k)
+    old_s, _ = _pass_s(model, gpu, workload, cand, layout, forward_only=True, role="actor", k=k)
     ref_s = 0.0
     if workload.use_kl_loss:
-        ref_s, _ = _pass_s(model, gpu, workload, cand, layout, forward_only=True, role="ref")
+        ref_s, _ = _pass_s(model, gpu, workload, cand, layout, forward_only=True, role="ref", k=k)
         if cand.ref_param_offload:
-            ref_s += 2 * _host_copy_s(BF16 * model.param_count() / layout.world_size, gpu)
-    update_s, _ = _pass_s(model, gpu, workload, cand, layout, forward_only=False)
+            ref_s += 2 * _host_copy_s(ref_weight_bytes(model, cand, layout), gpu, k)
+    update_s, _ = _pass_s(model, gpu, workload, cand, layout, forward_only=False, k=k)
     state = actor_state_bytes(model, cand, layout)
     if cand.optimizer_offload:
-        update_s += 2 * _host_copy_s(state.optimizer, gpu)
+        update_s += 2 * _host_copy_s(state.optimizer, gpu, k)
     if cand.param_offload:
         moves = 2 * (2 + workload.use_kl_loss)  # load+offload around old_log_prob, (ref,) update
-        update_s += moves / 2 * _host_copy_s(state.weights, gpu)
-        old_s += _host_copy_s(state.weights, gpu)
-    sync_s = _update_weights_s(model, gpu, cand, layout)
+        update_s += moves / 2 * _host_copy_s(state.weights, gpu, k)
+        old_s += _host_copy_s(state.weights, gpu, k)
+    sync_s = _update_weights_s(model, gpu, cand, layout, k)
     phase_s = {"gen": gen_s, "old_log_prob": old_s, "update_actor": update_s, "update_weights": sync_s}
     if workload.use_kl_loss:
         phase_s["ref"] = ref_s
-    step_s = sum(phase_s.values()) + SYSTEM.step_fixed_s
+    step_s = sum(phase_s.values()) + k.system.step_fixed_s
     tokens = workload.trajectories_per_step * workload.mean_seq_len
     world = layout.world_size
     # verl counts the real (unpadded) tokens of the batch (engine_workers.py:228-235, global_token_num)

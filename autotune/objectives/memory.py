@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from autotune.hardware import GIB, GpuSpec
 from autotune.models import ModelSpec
-from autotune.objectives.calibration import ACTIVATIONS, ROLLOUT, SYSTEM, ActivationConstants
+from autotune.objectives.calibration import ACTIVATIONS, DEFAULT_CONSTANTS, ActivationConstants, ModelConstants
 from autotune.spaces.candidate import Candidate
 from autotune.spaces.layout import ParallelLayout
 from autotune.workload import Workload
@@ -124,12 +124,22 @@ def actor_state_bytes(model: ModelSpec, cand: Candidate, layout: ParallelLayout)
                       gather_buffer=0.0)
 
 
+def ref_weight_bytes(model: ModelSpec, cand: Candidate, layout: ParallelLayout) -> float:
+    """bf16 reference weights per GPU: FSDP shards over every rank; Megatron's ref copies the actor's
+    TP/PP/EP/ETP (ref/megatron_ref.yaml:29-45)."""
+    if not cand.is_megatron:
+        return BF16 * model.param_count() / layout.world_size
+    expert_params = model.num_layers * model.mlp_params_per_layer() if model.is_moe else 0
+    dense = (model.param_count() - expert_params) / (cand.actor_tp * cand.actor_pp)
+    return BF16 * (dense + expert_params / (cand.actor_ep * cand.actor_etp * cand.actor_pp))
+
+
 def tokens_per_micro_batch(cand: Candidate, workload: Workload, *, forward_only: bool, role: str = "actor") -> float:
     """Tokens one GPU processes in one micro-batch (before TP/CP/SP splitting)."""
     seq = workload.mean_seq_len if cand.use_remove_padding else workload.seq_len
     if cand.use_dynamic_bsz:
         budget = cand.log_prob_max_token_len_per_gpu if forward_only else cand.ppo_max_token_len_per_gpu
-        sp = 1 if cand.is_megatron else cand.ulysses_sp
+        sp = cand.actor_cp if cand.is_megatron else cand.ulysses_sp
         # verl packs whole sequences up to the budget (seqlen_balancing.py); a micro-batch holds at
         # most budget*sp tokens across the SP group and never less than one sequence.
         return max(budget * sp, workload.seq_len)
@@ -149,29 +159,30 @@ def _vllm_weights_bytes(model: ModelSpec, rollout_tp: int) -> float:
     return BF16 * model.param_count() / rollout_tp
 
 
-def vllm_kv_cache_bytes(model: ModelSpec, gpu: GpuSpec, cand: Candidate) -> float:
+def vllm_kv_cache_bytes(model: ModelSpec, gpu: GpuSpec, cand: Candidate,
+                        k: ModelConstants = DEFAULT_CONSTANTS) -> float:
     """KV cache vLLM can allocate: its share minus weights, profiled activations and sampler logits."""
     share = cand.gpu_memory_utilization * gpu.mem_gib * GIB
-    activations = ROLLOUT.activation_reserve_gib * GIB
-    sampler = cand.max_num_seqs * model.vocab_size * ROLLOUT.sampler_logits_bytes
+    activations = k.rollout.activation_reserve_gib * GIB
+    sampler = cand.max_num_seqs * model.vocab_size * k.rollout.sampler_logits_bytes
     return share - _vllm_weights_bytes(model, cand.rollout_tp) - activations - sampler
 
 
 def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate,
-                    layout: ParallelLayout) -> MemoryEstimate:
+                    layout: ParallelLayout, *, constants: ModelConstants = DEFAULT_CONSTANTS) -> MemoryEstimate:
     """Predicted peak per phase on the most loaded GPU, with the components of the worst phase."""
+    k, act_c = constants, constants.activations
     state = actor_state_bytes(model, cand, layout)
-    overhead = SYSTEM.cuda_context_gib * GIB + (SYSTEM.nccl_buffers_gib * GIB if layout.world_size > 1 else 0.0)
-    frag = SYSTEM.allocator_fragmentation
-    ref_weights = BF16 * model.param_count() / (layout.world_size if not cand.is_megatron
-                                                 else cand.actor_tp * cand.actor_pp)
+    overhead = k.system.cuda_context_gib * GIB + (k.system.nccl_buffers_gib * GIB if layout.world_size > 1 else 0.0)
+    frag = k.system.allocator_fragmentation
+    ref_weights = ref_weight_bytes(model, cand, layout)
     ref_resident = 0.0 if (cand.ref_param_offload or not workload.use_kl_loss) else ref_weights
     optim_resident = 0.0 if cand.optimizer_offload else state.optimizer
     weights_resident = 0.0 if cand.param_offload else state.weights
     split = _token_split(cand)
     layers_on_rank = model.num_layers / (cand.actor_pp if cand.is_megatron else 1)
     vocab_split = cand.actor_tp if cand.is_megatron else 1
-    sleeping_vllm = ROLLOUT.sleep_residual_gib * GIB
+    sleeping_vllm = k.rollout.sleep_residual_gib * GIB
 
     # rollout: vLLM's whole share plus what the trainer keeps resident
     vllm_share = cand.gpu_memory_utilization * gpu.mem_gib * GIB
@@ -180,8 +191,8 @@ def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Ca
     # forward-only passes: one layer's activations + logits of a micro-batch
     def forward_pass(role: str, weights: float) -> float:
         tok = tokens_per_micro_batch(cand, workload, forward_only=True, role=role) / split
-        act = activation_bytes_per_token_per_layer(model) * tok
-        logits = forward_logits_bytes(model, tok) / vocab_split
+        act = activation_bytes_per_token_per_layer(model, act_c) * tok
+        logits = forward_logits_bytes(model, tok, act_c) / vocab_split
         return (weights + optim_resident + ref_resident * (role != "ref") + state.gather_buffer
                 + frag * (act + logits) + sleeping_vllm + overhead)
 
@@ -192,21 +203,22 @@ def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Ca
     tok = tokens_per_micro_batch(cand, workload, forward_only=False) / split
     in_flight = min(cand.actor_pp, max(layout.micro_batches_per_mini, 1)) if cand.is_megatron else 1
     vpp_extra = 1 + (cand.actor_pp - 1) / (cand.actor_pp * cand.actor_vpp) if cand.is_megatron and cand.actor_pp > 1 else 1
-    act = train_activation_bytes(model, tok, layers=layers_on_rank, checkpointing=cand.gradient_checkpointing)
+    act = train_activation_bytes(model, tok, layers=layers_on_rank, checkpointing=cand.gradient_checkpointing,
+                                 c=act_c)
     act *= in_flight * vpp_extra  # 1F1B keeps up to PP micro-batches of L/PP layers on the first stage
     if cand.activation_offload:
-        act = train_activation_bytes(model, tok, layers=1, checkpointing=False)  # one layer on GPU at a time
-    logits_start = train_logits_bytes(model, tok, start_of_backward=True) / vocab_split
-    logits_end = train_logits_bytes(model, tok, start_of_backward=False) / vocab_split
+        act = train_activation_bytes(model, tok, layers=1, checkpointing=False, c=act_c)  # one layer on GPU at a time
+    logits_start = train_logits_bytes(model, tok, start_of_backward=True, c=act_c) / vocab_split
+    logits_end = train_logits_bytes(model, tok, start_of_backward=False, c=act_c) / vocab_split
     static = state.weights + ref_resident + state.gather_buffer + sleeping_vllm + overhead
     bwd_start = static + optim_resident + frag * (act + logits_start)
-    layer_inputs = ACTIVATIONS.ckpt_per_h * model.hidden_size * tok * layers_on_rank  # kept until their layer's backward
+    layer_inputs = act_c.ckpt_per_h * model.hidden_size * tok * layers_on_rank  # kept until their layer's backward
     bwd_end = static + optim_resident + state.grads + frag * (logits_end + layer_inputs)
     opt_step = static + state.grads + state.optimizer
     update = max(bwd_start, bwd_end, opt_step)
     if cand.actor_engine == "fsdp2":
         fixed = sleeping_vllm + overhead
-        update = fixed + SYSTEM.fsdp2_memory_factor * (update - fixed)
+        update = fixed + k.system.fsdp2_memory_factor * (update - fixed)
 
     phases = {"rollout": rollout, "old_log_prob": old_log_prob, "update_actor": update}
     if workload.use_kl_loss:
@@ -217,7 +229,7 @@ def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Ca
         "activations": act / GIB, "logits": logits_start / GIB, "reference": ref_resident / GIB,
         "vllm_share": vllm_share / GIB, "overhead": overhead / GIB,
     }
-    kv = vllm_kv_cache_bytes(model, gpu, cand)
+    kv = vllm_kv_cache_bytes(model, gpu, cand, k)
     kv_needed = kv_bytes_per_token(model, cand.rollout_tp) * workload.seq_len
     return MemoryEstimate(capacity_gib=gpu.mem_gib, phase_peak_gib={k: v / GIB for k, v in phases.items()},
                           components_gib=components, kv_cache_gib=kv / GIB, kv_cache_needed_gib=kv_needed / GIB,

@@ -23,7 +23,7 @@ from autotune.objectives.gpu_monitor import GpuMonitor, idle_fraction_by_phase, 
 from autotune.objectives.process import ProcessOutcome, run_in_process_group
 from autotune.objectives.verl_failures import FailureKind, classify_failure
 from autotune.objectives.verl_metrics import JsonlTail, StepMetrics, parse_console_line, summarize
-from autotune.storage.export import best_yaml_text, hydra_overrides, model_engine, verl_overrides
+from autotune.storage.export import best_yaml_text, model_engine, verl_overrides
 
 PROBE_CONFIG_NAME = "probe"
 LOG_TAIL_CHARS = 20_000

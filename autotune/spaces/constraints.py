@@ -150,7 +150,7 @@ def rollout_world_divisible(ctx: CheckContext) -> Violation | None:
 @rule
 def rollout_replica_spans_whole_nodes(ctx: CheckContext) -> Violation | None:
     tp, per_node = ctx.candidate.rollout_tp, ctx.layout.gpus_per_node
-    node_share = min(per_node, ctx.layout.world_size)
+    node_share = min(per_node, tp)  # replica.py:113: min(gpus_per_node, replica world size)
     if tp % node_share == 0 or node_share % tp == 0:
         return None
     return _v("rollout_replica_spans_whole_nodes", f"world_size {tp} must be divisible by gpus_per_node {node_share}",
@@ -216,15 +216,22 @@ def megatron_vpp_layout(ctx: CheckContext) -> Violation | None:
 
 @rule
 def megatron_vpp_micro_batches(ctx: CheckContext) -> Violation | None:
-    c, lay = ctx.candidate, ctx.layout
-    if not c.is_megatron or c.actor_vpp == 1 or c.use_dynamic_bsz or not lay.micro_batches_per_mini:
+    """With VPP, every pass (train and the log-prob passes in infer_batch) needs a micro-batch count
+    divisible by microbatch_group_size_per_vp_stage (= PP)."""
+    c, lay, w = ctx.candidate, ctx.layout, ctx.workload
+    if not c.is_megatron or c.actor_vpp == 1 or c.use_dynamic_bsz or not lay.dp:
         return None
-    n_micro = lay.micro_batches_per_mini
-    if n_micro == int(n_micro) and int(n_micro) % c.actor_pp == 0:
-        return None
-    return _v("megatron_vpp_micro_batches",
-              f"micro_batches {n_micro:g} must be divisible by num_batches_divided_by {c.actor_pp} for megatron backend",
-              "verl", "verl/workers/engine/megatron/transformer_impl.py:873-918")
+    passes = [("update_actor", w.trajectories_per_mini_batch / lay.dp, c.ppo_micro_batch_size_per_gpu),
+              ("old_log_prob", w.trajectories_per_step / lay.dp, c.log_prob_micro_batch_size_per_gpu)]
+    if w.use_kl_loss:
+        passes.append(("ref", w.trajectories_per_step / lay.dp, c.ref_log_prob_micro_batch_size_per_gpu))
+    for name, per_rank, micro in passes:
+        n_micro = per_rank / micro
+        if n_micro != int(n_micro) or int(n_micro) % c.actor_pp:
+            return _v("megatron_vpp_micro_batches",
+                      f"micro_batches {n_micro:g} must be divisible by num_batches_divided_by {c.actor_pp} for megatron "
+                      f"backend ({name} pass)", "verl", "verl/workers/engine/megatron/transformer_impl.py:873-918")
+    return None
 
 
 @rule
@@ -258,12 +265,10 @@ def megatron_expert_group_fits(ctx: CheckContext) -> Violation | None:
 
 @rule
 def megatron_device_max_connections(ctx: CheckContext) -> Violation | None:
+    """verl exports CUDA_DEVICE_MAX_CONNECTIONS=1 itself on Ampere/Hopper (trainer/constants_ppo.py:122-124) and
+    megatron-core only warns about other values, so any value is accepted for Megatron; the cost model
+    prices the overlap it loses."""
     c = ctx.candidate
-    if c.is_megatron and c.actor_tp > 1 and c.cuda_device_max_connections != 1:
-        return _v("megatron_device_max_connections",
-                  "Using sequence parallelism requires setting the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1",
-                  "megatron-core", "megatron/training/arguments.py (validate_args); verl sets sequence_parallel when TP>1 "
-                  "(workers/config/engine.py:234-236)")
     if not c.is_megatron and c.cuda_device_max_connections:
         return _v("megatron_device_max_connections", "CUDA_DEVICE_MAX_CONNECTIONS applies to the Megatron engine only",
                   "autotune", "autotune search space")
@@ -324,13 +329,15 @@ def dynamic_bsz_token_floor(ctx: CheckContext) -> Violation | None:
     c, w = ctx.candidate, ctx.workload
     if not c.use_dynamic_bsz:
         return None
-    sp = c.ulysses_sp if not c.is_megatron else 1
+    # verl scales the budget by the sequence-splitting degree: Ulysses SP, or Megatron CP
+    # (engine/megatron/transformer_impl.py:836 -> engine/utils.py:111)
+    sp = c.actor_cp if c.is_megatron else c.ulysses_sp
     for key, budget in (("ppo_max_token_len_per_gpu", c.ppo_max_token_len_per_gpu),
                         ("log_prob_max_token_len_per_gpu", c.log_prob_max_token_len_per_gpu)):
         if budget * sp < w.seq_len:
             return _v("dynamic_bsz_token_floor",
                       f"max_token_len must be greater than the sequence length. Got max_token_len={budget * sp} and "
-                      f"max_seq_len={w.seq_len} ({key}={budget} x ulysses_sp {sp})",
+                      f"max_seq_len={w.seq_len} ({key}={budget} x sequence split {sp})",
                       "verl", "verl/utils/seqlen_balancing.py:384-386")
     return None
 

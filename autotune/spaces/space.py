@@ -26,6 +26,9 @@ MEGATRON_ONLY = ("actor_tp", "actor_pp", "actor_vpp", "actor_cp", "actor_ep", "a
 STATIC_ONLY = ("ppo_micro_batch_size_per_gpu", "log_prob_micro_batch_size_per_gpu", "ref_log_prob_micro_batch_size_per_gpu")
 DYNAMIC_ONLY = ("ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu")
 REF_ONLY = ("ref_log_prob_micro_batch_size_per_gpu", "ref_param_offload")
+# Knobs whose valid values follow from the model and GPU count alone: a user list is checked against them.
+STRUCTURAL = ("actor_engine", "actor_tp", "actor_pp", "actor_vpp", "actor_cp", "actor_ep", "actor_etp", "ulysses_sp",
+              "rollout_tp")
 # Workload knobs a user may opt in to tuning (tune.yaml `tune_workload`); everything else in
 # Workload stays the user's.
 TUNABLE_WORKLOAD = ("ppo_mini_batch_size",)
@@ -86,12 +89,19 @@ class SearchSpace:
             if name not in domains:
                 raise ConfigError(f"tune.yaml fixed: unknown knob {name!r}; knobs: {', '.join(domains)}")
             _check_type(name, value)
+            if name in STRUCTURAL and not domains[name].contains(value):
+                raise ConfigError(f"tune.yaml fixed: {name}={value!r} can never be valid for {model.name} on "
+                                  f"{world} GPUs (valid: {domains[name].describe()})")
+        _check_engine_pins(fixed)
         for name, spec in (ranges or {}).items():
             if name in TUNABLE_WORKLOAD:
+                if name not in tune_workload:
+                    raise ConfigError(f"tune.yaml ranges.{name}: {name} is a workload knob and is held at your value; "
+                                      f"add it to tune_workload to tune it")
                 continue
             if name not in domains:
                 raise ConfigError(f"tune.yaml ranges: unknown knob {name!r}; knobs: {', '.join(domains)}")
-            domains[name] = _narrow(name, domains[name], spec)
+            domains[name] = _narrow(name, domains[name], spec, structural=name in STRUCTURAL)
         workload_domains = {}
         for name in tune_workload:
             if name not in TUNABLE_WORKLOAD:
@@ -178,14 +188,36 @@ def _check_type(name: str, value) -> None:
         raise ConfigError(f"tune.yaml: knob {name} must be {expected}, but got {name}={value!r}")
 
 
-def _narrow(name: str, domain: Domain, spec) -> Domain:
-    """Apply a tune.yaml range: a list of choices, or {low, high} for a numeric knob."""
+def _check_engine_pins(fixed: dict) -> None:
+    """A pinned engine-specific knob (other than its neutral value) needs its engine pinned too."""
+    engine = fixed.get("actor_engine")
+    for name, value in fixed.items():
+        neutral = value in (1, False, 0) and not (isinstance(value, float))
+        if name in MEGATRON_ONLY and not neutral and engine != "megatron":
+            raise ConfigError(f"tune.yaml fixed: {name} applies to the Megatron engine only; also pin "
+                              "actor_engine: megatron")
+        if name in FSDP_ONLY and not neutral and engine not in ("fsdp", "fsdp2"):
+            raise ConfigError(f"tune.yaml fixed: {name} applies to the FSDP engines only; also pin actor_engine: "
+                              "fsdp or fsdp2")
+
+
+def _narrow(name: str, domain: Domain, spec, *, structural: bool = False) -> Domain:
+    """Apply a tune.yaml range: a list of choices, or {low, high} for a numeric knob.
+
+    Structural knobs (parallel sizes, engine) only accept values that can be valid for this model and GPU
+    count; other knobs may be extended beyond the default list (e.g. max_num_seqs: [2048]).
+    """
     if isinstance(spec, list):
         if not spec:
             raise ConfigError(f"tune.yaml ranges.{name}: the list of choices is empty")
         for value in spec:
             if name in _KNOB_TYPES:
                 _check_type(name, value)
+        if structural:
+            bad = [v for v in spec if not domain.contains(v)]
+            if bad:
+                raise ConfigError(f"tune.yaml ranges.{name}: {bad} can never be valid here (valid: "
+                                  f"{domain.describe()})")
         if domain.choices:
             return Domain(choices=tuple(spec))
         bad = [v for v in spec if not domain.contains(v)]
@@ -201,7 +233,12 @@ def _narrow(name: str, domain: Domain, spec) -> Domain:
             if not kept:
                 raise ConfigError(f"tune.yaml ranges.{name}: no valid value in [{low}, {high}]; valid: {domain.describe()}")
             return Domain(choices=kept)
-        return Domain(low=float(low), high=float(high), step=float(spec.get("step", domain.step)))
+        if low < domain.low - 1e-9 or high > domain.high + 1e-9:
+            raise ConfigError(f"tune.yaml ranges.{name}: [{low}, {high}] is outside the valid {domain.describe()}")
+        step = spec.get("step", domain.step)
+        if not isinstance(step, (int, float)) or isinstance(step, bool) or step <= 0:
+            raise ConfigError(f"tune.yaml ranges.{name}: step must be a positive number, but got step={step!r}")
+        return Domain(low=float(low), high=float(high), step=float(step))
     raise ConfigError(f"tune.yaml ranges.{name}: expected a list of values or {{low: .., high: ..}}, but got {spec!r}")
 
 
