@@ -156,7 +156,7 @@ def build_tune_config(args):
     cfg = TuneConfig(model=model, gpu=gpu, gpus_per_node=args.gpus, nodes=args.nodes, backend=choice.name,
                      trials=args.trials, storage_url=storage_url, study_name=study, out_dir=out_dir, seed=args.seed,
                      workload=tune.workload, fixed=tune.fixed, ranges=tune.ranges, tune_workload=tune.tune_workload,
-                     probe=tune.probe)
+                     probe=tune.probe, search=tune.search, budget=tune.budget)
     build_space(cfg)  # validates fixed/ranges/tune_workload against the model and GPU count
     require_fit(model, gpu, cfg.workload, gpus_per_node=cfg.gpus_per_node, nodes=cfg.nodes)
     if choice.note:

@@ -9,6 +9,8 @@ tune.yaml (every section optional):
     ranges: {ppo_micro_batch_size_per_gpu: [2, 4, 8], gpu_memory_utilization: {low: 0.4, high: 0.8}}
     tune_workload: [ppo_mini_batch_size]            # opt in to tuning a workload knob
     probe: {warmup_steps: 1, timed_steps: 2}
+    search: {objective: throughput, warm_start: 3, prescreen: true, boundaries: true, memory_margin_gib: 0}
+    budget: {probes: 20, gpu_hours: 8, wall_time_s: 14400}   # whichever ends first
 """
 
 from __future__ import annotations
@@ -24,8 +26,11 @@ from autotune.hardware import GpuSpec
 from autotune.models import ModelSpec
 from autotune.workload import Workload
 
-TUNE_YAML_KEYS = {"model", "gpu", "workload", "fixed", "ranges", "tune_workload", "probe"}
+TUNE_YAML_KEYS = {"model", "gpu", "workload", "fixed", "ranges", "tune_workload", "probe", "search", "budget"}
 PROBE_KEYS = {"warmup_steps", "timed_steps"}
+SEARCH_KEYS = {"objective", "memory_margin_gib", "warm_start", "prescreen", "boundaries"}
+BUDGET_KEYS = {"probes", "gpu_hours", "wall_time_s"}
+OBJECTIVES = ("throughput", "throughput_and_memory")
 _STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
@@ -43,6 +48,50 @@ class ProbeBudget:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SearchOptions:
+    objective: str = "throughput"  # or throughput_and_memory: a Pareto front of tokens/s against peak memory
+    memory_margin_gib: float = 0.0  # multi-objective pick: fastest trial with at least this much headroom
+    warm_start: int = 3  # the cost model's top predictions enqueued after verl's default (0: none)
+    prescreen: bool = True  # reject predicted OOMs before launch
+    boundaries: bool = True  # infer OOMs from measured ones (monotone memory)
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"search.objective must be one of {', '.join(OBJECTIVES)}, but got {self.objective!r}")
+        if not isinstance(self.memory_margin_gib, (int, float)) or isinstance(self.memory_margin_gib, bool) \
+                or self.memory_margin_gib < 0:
+            raise ConfigError(f"search.memory_margin_gib must be a number >= 0, but got {self.memory_margin_gib!r}")
+        if not isinstance(self.warm_start, int) or isinstance(self.warm_start, bool) or not 0 <= self.warm_start <= 20:
+            raise ConfigError(f"search.warm_start must be an integer in 0..20, but got {self.warm_start!r}")
+        for name in ("prescreen", "boundaries"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"search.{name} must be true or false, but got {getattr(self, name)!r}")
+
+    @property
+    def multi_objective(self) -> bool:
+        return self.objective == "throughput_and_memory"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Budget:
+    """Stop the search at whichever comes first (None: no limit of that kind)."""
+
+    probes: int | None = None  # launched probes (rejected and inferred candidates cost none)
+    gpu_hours: float | None = None  # probe wall time x GPUs of the job
+    wall_time_s: float | None = None  # of this run
+
+    def __post_init__(self) -> None:
+        for name in ("probes", "gpu_hours", "wall_time_s"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0 \
+                    or (name == "probes" and not isinstance(value, int)):
+                raise ConfigError(f"budget.{name} must be a positive {'integer' if name == 'probes' else 'number'}, "
+                                  f"but got {name}={value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class TuneYaml:
     model: str | None = None
     gpu: str | None = None
@@ -51,6 +100,8 @@ class TuneYaml:
     ranges: dict = field(default_factory=dict)
     tune_workload: tuple[str, ...] = ()
     probe: ProbeBudget = field(default_factory=ProbeBudget)
+    search: SearchOptions = field(default_factory=SearchOptions)
+    budget: Budget = field(default_factory=Budget)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +121,8 @@ class TuneConfig:
     ranges: dict
     tune_workload: tuple[str, ...]
     probe: ProbeBudget
+    search: SearchOptions = field(default_factory=SearchOptions)
+    budget: Budget = field(default_factory=Budget)
 
     @property
     def world_size(self) -> int:
@@ -116,9 +169,19 @@ def load_tune_yaml(path: Path | None) -> TuneYaml:
     for key in ("model", "gpu"):
         if data.get(key) is not None and not isinstance(data[key], str):
             raise ConfigError(f"{path}: {key} must be a string, but got {data[key]!r}")
+    search_raw = _mapping(data.get("search"), "search")
+    unknown = sorted(set(map(str, search_raw)) - SEARCH_KEYS)
+    if unknown:
+        raise ConfigError(f"{path}: unknown search key(s) {unknown}; allowed: {sorted(SEARCH_KEYS)}")
+    budget_raw = _mapping(data.get("budget"), "budget")
+    unknown = sorted(set(map(str, budget_raw)) - BUDGET_KEYS)
+    if unknown:
+        raise ConfigError(f"{path}: unknown budget key(s) {unknown}; allowed: {sorted(BUDGET_KEYS)}")
     try:
         workload = Workload(**workload_raw)
         probe = ProbeBudget(**probe_raw)
+        search = SearchOptions(**search_raw)
+        budget = Budget(**budget_raw)
     except TypeError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     for name in ("train_files", "val_files"):
@@ -126,7 +189,7 @@ def load_tune_yaml(path: Path | None) -> TuneYaml:
             raise ConfigError(f"{path}: workload.{name} must be a path string, but got {getattr(workload, name)!r}")
     return TuneYaml(model=data.get("model"), gpu=data.get("gpu"), workload=workload,
                     fixed=_mapping(data.get("fixed"), "fixed"), ranges=_mapping(data.get("ranges"), "ranges"),
-                    tune_workload=tuple(tune_workload), probe=probe)
+                    tune_workload=tuple(tune_workload), probe=probe, search=search, budget=budget)
 
 
 def check_study_name(name: str) -> str:

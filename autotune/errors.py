@@ -43,8 +43,9 @@ class ProbeOOM(ProbeError):
     """
 
     def __init__(self, message: str, *, phase: str | None = None, over_gib: float | None = None,
-                 peak_mem_gib: float | None = None) -> None:
+                 peak_mem_gib: float | None = None, kind: str = "cuda_oom") -> None:
         super().__init__(message)
+        self.kind = kind  # cuda_oom | kv_cache_too_small (vLLM found no room for one sequence's KV cache)
         self.phase = phase
         self.over_gib = over_gib
         self.peak_mem_gib = peak_mem_gib

@@ -167,7 +167,8 @@ class VerlRunner(ProbeRunner):
         windows = [phase_windows(stream.arrived_s[s.step], {k.removeprefix("timing_s/"): v
                                                           for k, v in s.metrics.items() if k.startswith("timing_s/")})
                    for s in steps if s.step in stream.arrived_s]
-        extra = {"log_path": str(log_path), "reserved_mem_gib": summary.reserved_mem_gib}
+        extra = {"log_path": str(log_path), "reserved_mem_gib": summary.reserved_mem_gib,
+                 "probe_wall_s": outcome.wall_s}
         if monitor.available:
             extra["gpu_samples"] = summarize_samples(monitor.samples)
             extra["idle_fraction_by_phase"] = idle_fraction_by_phase(monitor.samples, windows)
@@ -193,8 +194,9 @@ def raise_failure(outcome: ProcessOutcome, log_path: Path) -> None:
     where = f" (phase {failure.phase})" if failure.phase else ""
     message = f"{failure.kind.value}{where}: {failure.message} [log: {log_path}]"
     if failure.is_gpu_memory:
-        raise ProbeOOM(message, phase=failure.phase or ("rollout" if failure.kind is FailureKind.KV_CACHE_TOO_SMALL
-                                                        else None), over_gib=failure.requested_gib)
+        kv = failure.kind is FailureKind.KV_CACHE_TOO_SMALL
+        raise ProbeOOM(message, phase=failure.phase or ("rollout" if kv else None), over_gib=failure.requested_gib,
+                       kind=failure.kind.value)
     if failure.kind is FailureKind.CONFIG_REJECTED:
         raise ProbeRejected(message)
     if failure.kind is FailureKind.ENVIRONMENT:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -21,7 +22,9 @@ from autotune.config import TuneConfig
 from autotune.errors import ConfigError, ProbeCrashed, ProbeEnvironmentError, ProbeOOM, ProbeRejected, ProbeTimeout
 from autotune.objectives.base import ProbePruned, ProbeRequest, ProbeResult, ProbeRunner
 from autotune.objectives.memory import estimate_memory
+from autotune.search.prescreen import MemoryGate, inferred_oom, known_fit, memory_ratio
 from autotune.search.sampler import make_pruner, make_sampler
+from autotune.search.warmstart import rank_space
 from autotune.spaces.candidate import Candidate
 from autotune.spaces.constraints import Violation, check
 from autotune.spaces.layout import ParallelLayout
@@ -29,10 +32,6 @@ from autotune.spaces.space import SearchSpace, verl_default_candidate
 from autotune.storage.records import set_constraints
 from autotune.storage.urls import open_storage
 from autotune.workload import Workload
-
-# A real probe is skipped when the model predicts this much more than the GPU holds (issue 5 makes
-# the margin adaptive); the sim backend IS the model, so it never pre-screens.
-PRESCREEN_MARGIN = 0.10
 
 TrialCallback = Callable[[optuna.trial.FrozenTrial], None]
 
@@ -47,13 +46,14 @@ class StudyContext:
 def study_identity(cfg: TuneConfig) -> dict:
     """What a study was created for; resuming with anything else is refused."""
     return {"model": cfg.model.name, "gpus_per_node": cfg.gpus_per_node, "nodes": cfg.nodes, "gpu": cfg.gpu.name,
-            "backend": cfg.backend, "workload": asdict(cfg.workload)}
+            "backend": cfg.backend, "workload": asdict(cfg.workload), "objective": cfg.search.objective}
 
 
 def open_study(cfg: TuneConfig) -> optuna.Study:
     storage = open_storage(cfg.storage_url)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(study_name=cfg.study_name, storage=storage, direction="maximize",
+    directions = ["maximize", "minimize"] if cfg.search.multi_objective else ["maximize"]
+    study = optuna.create_study(study_name=cfg.study_name, storage=storage, directions=directions,
                                 sampler=make_sampler(cfg.seed), pruner=make_pruner(cfg.probe.warmup_steps),
                                 load_if_exists=True)
     identity = study_identity(cfg)
@@ -62,7 +62,8 @@ def open_study(cfg: TuneConfig) -> optuna.Study:
         study.set_user_attr("identity", identity)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study.set_metric_names(["tokens_per_s_per_gpu"])
+            study.set_metric_names(["tokens_per_s_per_gpu", "peak_mem_gib"][:len(directions)])
+        study.set_user_attr("memory_margin_gib", cfg.search.memory_margin_gib)
     elif stored != identity:
         diff = sorted(k for k in identity if stored.get(k) != identity[k])
         raise ConfigError(f"study {cfg.study_name!r} in this storage was created for a different job (differs in: "
@@ -114,18 +115,63 @@ def enqueue_baseline(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -
     return True
 
 
+def enqueue_warm_start(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> int:
+    """The cost model's best predictions, right after verl's default (once per study)."""
+    if not cfg.search.warm_start or study.user_attrs.get("warm_started"):
+        return 0
+    ranked = rank_space(cfg, space, MemoryGate.of(study), keep=cfg.search.warm_start, seed=cfg.seed)
+    for rank, r in enumerate(ranked):
+        study.enqueue_trial(space.params_of(r.candidate, r.workload),
+                            user_attrs={"warm_start": rank, "predicted_tokens_per_s_per_gpu":
+                                        r.predicted_tokens_per_s_per_gpu})
+    study.set_user_attr("warm_started", True)
+    return len(ranked)
+
+
 def finished_count(study: optuna.Study) -> int:
     return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)))
 
 
+@dataclass(frozen=True)
+class Spent:
+    probes: int
+    gpu_hours: float
+
+
+def spent(study: optuna.Study, world_size: int) -> Spent:
+    """Launched probes and their GPU time (rejected and inferred candidates cost nothing)."""
+    launched = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("launched")]
+    wall_s = sum(t.user_attrs.get("probe_wall_s") or 0.0 for t in launched)
+    return Spent(probes=len(launched), gpu_hours=wall_s * world_size / 3600)
+
+
+def budget_left(cfg: TuneConfig, study: optuna.Study, started_s: float) -> str | None:
+    """None while the budget lasts, else which limit ended the search."""
+    b = cfg.budget
+    used = spent(study, cfg.world_size)
+    if b.probes is not None and used.probes >= b.probes:
+        return f"probe budget reached ({used.probes} probes)"
+    if b.gpu_hours is not None and used.gpu_hours >= b.gpu_hours:
+        return f"GPU-hour budget reached ({used.gpu_hours:.2f} GPU-hours)"
+    if b.wall_time_s is not None and time.monotonic() - started_s >= b.wall_time_s:
+        return f"wall-time budget reached ({b.wall_time_s:g} s)"
+    return None
+
+
 def run_study(cfg: TuneConfig, runner: ProbeRunner, *, on_trial: TrialCallback | None = None) -> optuna.Study:
-    """Run trials until the study holds `cfg.trials` finished ones (a second run resumes)."""
+    """Run trials until the study holds `cfg.trials` finished ones or the budget ends (a second run resumes)."""
     space = build_space(cfg)
     study = open_study(cfg)
     fail_dead_local_trials(study)
     enqueue_baseline(study, cfg, space)
+    enqueue_warm_start(study, cfg, space)
     ctx = StudyContext(cfg=cfg, space=space, runner=runner)
+    started_s = time.monotonic()
     while finished_count(study) < cfg.trials:
+        stop = budget_left(cfg, study, started_s)
+        if stop:
+            study.set_user_attr("stopped_by", stop)
+            break
         trial = study.ask()
         try:
             _run_trial(ctx, study, trial)
@@ -168,17 +214,48 @@ def _run_trial(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial) -> N
     if violations:
         _reject(study, trial, violations)
         return
-    if not ctx.runner.simulated:
-        mem = estimate_memory(cfg.model, cfg.gpu, workload, candidate, layout)
-        if mem.peak_gib > mem.capacity_gib * (1 + PRESCREEN_MARGIN) or not mem.kv_cache_fits:
-            _reject_memory(study, trial, mem.over_gib, f"predicted OOM before launch: {mem.peak_gib:.1f} GiB in "
-                           f"{mem.worst_phase} > {mem.capacity_gib:.1f} GiB (+{PRESCREEN_MARGIN:.0%} margin)")
+    params = candidate.as_params()
+    if cfg.search.boundaries:
+        source = inferred_oom(params, study)
+        if source is not None:
+            _record_inferred_oom(study, trial, source)
             return
-    _probe(ctx, study, trial, candidate, workload)
+    mem = estimate_memory(cfg.model, cfg.gpu, workload, candidate, layout)
+    ratio = memory_ratio(mem)
+    trial.set_user_attr("predicted_peak_gib", mem.peak_gib)
+    trial.set_user_attr("predicted_memory_ratio", ratio)
+    gate = MemoryGate.of(study)
+    if cfg.search.prescreen and not gate.admits(ratio):
+        fit = known_fit(params, study) if cfg.search.boundaries else None
+        if fit is None:
+            _reject_memory(study, trial, max(mem.over_gib, (ratio - 1 - gate.margin) * mem.capacity_gib),
+                           f"predicted OOM before launch: {mem.peak_gib:.1f} GiB in {mem.worst_phase} of "
+                           f"{mem.capacity_gib:.1f} GiB" + ("" if mem.kv_cache_fits else
+                                                            " (no room for the KV cache)")
+                           + f" (gate: ratio {ratio:.2f} > {1 + gate.margin:.2f})")
+            return
+        trial.set_user_attr("known_fit_from", fit.number)
+    _probe(ctx, study, trial, candidate, workload, ratio)
+
+
+def _record_inferred_oom(study: optuna.Study, trial: optuna.Trial, source: optuna.trial.FrozenTrial) -> None:
+    violation = (source.constraints or {}).get("memory", 1.0) or 1.0
+    set_constraints(trial, memory=violation)
+    trial.set_user_attr("state", "inferred_oom")
+    trial.set_user_attr("oom_kind", source.user_attrs.get("oom_kind", "cuda_oom"))
+    trial.set_user_attr("reason", f"inferred, not measured: needs at least the memory of trial {source.number}, which "
+                                  f"ran out ({source.user_attrs.get('oom_phase') or 'unknown phase'})")
+    trial.set_user_attr("inferred_from", source.number)
+    _tell_placeholder(study, trial)
+
+
+def _tell_placeholder(study: optuna.Study, trial: optuna.Trial) -> None:
+    """COMPLETE with a placeholder the constraint marks infeasible; it never reaches best/report/export."""
+    study.tell(trial, [0.0, 0.0] if len(study.directions) == 2 else 0.0)
 
 
 def _probe(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial, candidate: Candidate,
-           workload: Workload) -> None:
+           workload: Workload, ratio: float) -> None:
     cfg = ctx.cfg
     run_dir = Path(cfg.out_dir) / "runs" / f"{cfg.study_name}-trial{trial.number:04d}"
     if not ctx.runner.simulated:
@@ -187,10 +264,16 @@ def _probe(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial, candidat
                            workload=workload, candidate=candidate, run_dir=run_dir, trial_number=trial.number,
                            warmup_steps=cfg.probe.warmup_steps, timed_steps=cfg.probe.timed_steps)
 
+    multi = len(study.directions) == 2
+
     def report(step: int, tokens_per_s_per_gpu: float) -> bool:
+        if multi:  # Optuna prunes single-objective studies only
+            return False
         trial.report(tokens_per_s_per_gpu, step)
         return trial.should_prune()
 
+    trial.set_user_attr("launched", True)
+    gate = MemoryGate.of(study)
     try:
         try:
             result = ctx.runner.probe(request, report)
@@ -201,15 +284,18 @@ def _probe(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial, candidat
         trial.set_user_attr("state", "oom")
         trial.set_user_attr("reason", str(exc)[:500])
         trial.set_user_attr("oom_phase", exc.phase)
+        trial.set_user_attr("oom_kind", exc.kind)
         if exc.peak_mem_gib is not None:
             trial.set_user_attr("peak_mem_gib", exc.peak_mem_gib)
-        study.tell(trial, 0.0)
+        if gate.learn(ratio, measured_oom=True):
+            gate.save(study)
+        _tell_placeholder(study, trial)
         return
     except ProbeRejected as exc:
         set_constraints(trial, rules=1.0)
         trial.set_user_attr("state", "rejected")
         trial.set_user_attr("reason", f"verl refused it at start-up: {exc}"[:500])
-        study.tell(trial, 0.0)
+        _tell_placeholder(study, trial)
         return
     except ProbePruned as exc:
         set_constraints(trial)
@@ -228,7 +314,9 @@ def _probe(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial, candidat
         study.tell(trial, state=TrialState.FAIL)
         return
     _record_result(trial, result)
-    study.tell(trial, result.tokens_per_s_per_gpu)
+    if gate.learn(ratio, measured_oom=False):
+        gate.save(study)
+    study.tell(trial, [result.tokens_per_s_per_gpu, result.peak_mem_gib] if multi else result.tokens_per_s_per_gpu)
 
 
 def _keep_probe_log(study: optuna.Study, trial: optuna.Trial, run_dir: Path) -> None:
@@ -266,21 +354,22 @@ def _reject(study: optuna.Study, trial: optuna.Trial, violations: list[Violation
     trial.set_user_attr("reason", str(violations[0])[:500])
     trial.set_user_attr("violations", [{"rule": v.rule, "message": v.message, "enforced_by": v.enforced_by,
                                         "source": v.source} for v in violations])
-    study.tell(trial, 0.0)
+    _tell_placeholder(study, trial)
 
 
 def _reject_memory(study: optuna.Study, trial: optuna.Trial, over_gib: float, reason: str) -> None:
     set_constraints(trial, memory=max(over_gib, 0.01))
     trial.set_user_attr("state", "rejected")
     trial.set_user_attr("reason", reason)
-    study.tell(trial, 0.0)
+    _tell_placeholder(study, trial)
 
 
 def _copy_outcome(study: optuna.Study, trial: optuna.Trial, source: optuna.trial.FrozenTrial) -> None:
     constraints = source.constraints or {}
     set_constraints(trial, rules=constraints.get("rules", 0.0), memory=constraints.get("memory", 0.0))
     for key, value in source.user_attrs.items():
-        if key not in ("host", "pid", "baseline", "feasible"):
+        if key not in ("host", "pid", "baseline", "feasible", "warm_start", "launched", "probe_wall_s"):
             trial.set_user_attr(key, value)
     trial.set_user_attr("duplicate_of", source.number)
-    study.tell(trial, source.value)
+    trial.set_user_attr("launched", False)
+    study.tell(trial, source.values if len(study.directions) == 2 else source.value)

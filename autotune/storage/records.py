@@ -58,9 +58,32 @@ def records(study: optuna.Study) -> list[TrialRecord]:
     return [TrialRecord.of(t) for t in study.get_trials(deepcopy=False)]
 
 
+def feasible_measured(study: optuna.Study) -> list[TrialRecord]:
+    return [r for r in records(study) if r.optuna_state == "COMPLETE" and r.feasible_measurement]
+
+
+def pareto_front(study: optuna.Study) -> list[TrialRecord]:
+    """Feasible measured trials no other one beats in both tokens/s (higher) and peak memory (lower)."""
+    pts = [r for r in feasible_measured(study) if r.peak_mem_gib is not None]
+    front = [r for r in pts if not any(o.tokens_per_s_per_gpu >= r.tokens_per_s_per_gpu and o.peak_mem_gib <= r.peak_mem_gib
+                                       and (o.tokens_per_s_per_gpu, o.peak_mem_gib) != (r.tokens_per_s_per_gpu, r.peak_mem_gib)
+                                       for o in pts)]
+    return sorted(front, key=lambda r: r.tokens_per_s_per_gpu, reverse=True)
+
+
 def best_records(study: optuna.Study, k: int = 5) -> list[TrialRecord]:
-    """Feasible measured trials, fastest first (never a placeholder value)."""
-    measured = [r for r in records(study) if r.optuna_state == "COMPLETE" and r.feasible_measurement]
+    """Feasible measured trials, fastest first (never a placeholder value).
+
+    In a multi-objective study (tokens/s against peak memory) the candidates are the Pareto front,
+    restricted to trials that leave the study's `memory_margin_gib` of headroom on the GPU.
+    """
+    measured = feasible_measured(study)
+    if len(study.directions) == 2:
+        identity = study.user_attrs.get("identity") or {}
+        from autotune.hardware import get_gpu
+        capacity = get_gpu(identity["gpu"]).mem_gib if identity.get("gpu") else float("inf")
+        margin = study.user_attrs.get("memory_margin_gib", 0.0)
+        measured = [r for r in pareto_front(study) if (r.peak_mem_gib or 0.0) <= capacity - margin]
     return sorted(measured, key=lambda r: r.tokens_per_s_per_gpu, reverse=True)[:k]
 
 

@@ -13,7 +13,7 @@ from autotune.hardware import get_gpu
 from autotune.models import get_model
 from autotune.spaces.candidate import Candidate
 from autotune.storage.export import export_header, model_engine, verl_overrides, write_best_yaml
-from autotune.storage.records import TrialRecord, baseline_record, best_records, records
+from autotune.storage.records import TrialRecord, baseline_record, best_records, pareto_front, records
 from autotune.storage.urls import redact
 from autotune.workload import Workload
 
@@ -52,12 +52,20 @@ def summary(study: optuna.Study, storage_url: str) -> dict:
         "trials_complete": sum(r.feasible_measurement and r.optuna_state == "COMPLETE" for r in recs),
         "trials_failed_oom": sum(r.state == "oom" for r in recs),
         "trials_rejected_before_launch": sum(r.state == "rejected" for r in recs),
+        "trials_inferred_oom": sum(r.state == "inferred_oom" for r in recs),
+        "probes_launched": sum(bool(study.trials[r.number].user_attrs.get("launched")) for r in recs),
+        "prescreen_margin": study.user_attrs.get("prescreen_margin"),
+        "stopped_by": study.user_attrs.get("stopped_by"),
+        "objective": identity.get("objective", "throughput"),
         "trials_pruned": sum(r.optuna_state == "PRUNED" for r in recs),
         "trials_failed": sum(r.optuna_state == "FAIL" for r in recs),
         "workload": identity["workload"],
         "best": _trial_doc(study, best[0]) if best else None,
         "baseline": _trial_doc(study, base) if base and base.feasible_measurement else None,
     }
+    if len(study.directions) == 2:
+        doc["pareto_front"] = [_trial_doc(study, r) for r in pareto_front(study)]
+        doc["memory_margin_gib"] = study.user_attrs.get("memory_margin_gib", 0.0)
     if doc["best"] and doc["baseline"]:
         doc["speedup_vs_baseline"] = doc["best"]["tokens_per_s_per_gpu"] / doc["baseline"]["tokens_per_s_per_gpu"]
     return doc

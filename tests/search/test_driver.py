@@ -4,7 +4,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.config import ProbeBudget, TuneConfig
+from autotune.config import Budget, ProbeBudget, SearchOptions, TuneConfig
 from autotune.errors import ConfigError
 from autotune.hardware import get_gpu
 from autotune.models import get_model
@@ -28,11 +28,15 @@ def test_study_starts_from_verls_default_and_records_every_outcome(tmp_path):
     assert len(recs) == 25
     assert recs[0].baseline and recs[0].state == "simulated"
     assert recs[0].params["ppo_micro_batch_size_per_gpu"] == 4 and recs[0].params["rollout_tp"] == 2
-    assert all(r.state in {"simulated", "rejected", "oom", "pruned"} and r.reason for r in recs)
+    assert all(r.state in {"simulated", "rejected", "oom", "inferred_oom", "pruned"} and r.reason for r in recs)
+    assert any(t.user_attrs.get("warm_start") == 0 for t in study.trials[1:4]), "model's best right after baseline"
     for t in study.trials:
         assert set(t.constraints) == {"rules", "memory"}, "same constraint vector on every trial"
-        if t.user_attrs["state"] == "rejected":
-            assert t.constraints["rules"] > 0 and t.value == 0.0 and t.user_attrs["violations"]
+        if t.user_attrs["state"] == "rejected" and "violations" in t.user_attrs:
+            assert t.constraints["rules"] > 0 and t.value == 0.0
+        elif t.user_attrs["state"] == "rejected":
+            assert t.constraints["memory"] > 0 and "predicted OOM before launch" in t.user_attrs["reason"]
+            assert not t.user_attrs.get("launched")
         if t.user_attrs["state"] == "oom":
             assert t.constraints["memory"] > 0
     best = best_records(study, k=1)[0]
@@ -91,3 +95,73 @@ def test_duplicate_proposals_reuse_the_finished_result(tmp_path):
     study = run_study(cfg, get_runner("sim"))
     dups = [t for t in study.trials if "duplicate_of" in t.user_attrs]
     assert dups and all(t.value == study.trials[t.user_attrs["duplicate_of"]].value for t in dups)
+
+
+def _underestimating_sim():
+    """TEST DOUBLE machine: activations 3x what the model believes, so the gate lets OOMs through."""
+    from dataclasses import replace as dc_replace
+
+    from autotune.objectives.calibration import ACTIVATIONS, DEFAULT_CONSTANTS
+    from autotune.objectives.sim import SimRunner
+
+    heavy = dc_replace(ACTIVATIONS, per_h=ACTIVATIONS.per_h * 3, per_i=ACTIVATIONS.per_i * 3,
+                       logits_transient_bytes=ACTIVATIONS.logits_transient_bytes * 3)
+    return SimRunner(constants=dc_replace(DEFAULT_CONSTANTS, activations=heavy))
+
+
+ONE_KNOB = {"actor_engine": "fsdp", "use_dynamic_bsz": False, "ulysses_sp": 1, "rollout_tp": 2,
+            "gpu_memory_utilization": 0.5, "max_num_seqs": 256, "max_num_batched_tokens": 8192,
+            "enable_chunked_prefill": True, "log_prob_micro_batch_size_per_gpu": 8,
+            "ref_log_prob_micro_batch_size_per_gpu": 8, "gradient_checkpointing": False, "activation_offload": False,
+            "param_offload": False, "optimizer_offload": False, "ref_param_offload": False, "use_remove_padding": True,
+            "use_torch_compile": True}
+
+
+def test_measured_oom_tightens_the_gate_and_bigger_points_are_inferred_not_launched(tmp_path):
+    # no memory pre-screen: only measured OOMs and the boundary inference keep big micro-batches out
+    cfg = _cfg(tmp_path, trials=8, fixed=ONE_KNOB, search=SearchOptions(warm_start=0, prescreen=False))
+    for micro in (8, 16, 32):  # the order a hand bisection would take: the first OOM decides the rest
+        open_study(cfg).enqueue_trial({"ppo_micro_batch_size_per_gpu": micro})
+    study = run_study(cfg, _underestimating_sim())
+    ooms = [t for t in study.trials if t.user_attrs["state"] == "oom" and "duplicate_of" not in t.user_attrs]
+    assert ooms and all(t.user_attrs["launched"] for t in ooms)
+    assert study.user_attrs["prescreen_margin"] < -0.04
+    inferred = [t for t in study.trials if t.user_attrs["state"] == "inferred_oom"]
+    for t in inferred:
+        src = study.trials[t.user_attrs["inferred_from"]]
+        assert not t.user_attrs.get("launched") and "inferred, not measured" in t.user_attrs["reason"]
+        assert t.user_attrs["candidate"]["ppo_micro_batch_size_per_gpu"] >= src.user_attrs["candidate"]["ppo_micro_batch_size_per_gpu"]
+        assert t.constraints["memory"] > 0
+    assert [t.user_attrs["candidate"]["ppo_micro_batch_size_per_gpu"] for t in inferred][:2] == [16, 32]
+    launched_micro = [t.user_attrs["candidate"]["ppo_micro_batch_size_per_gpu"] for t in study.trials
+                      if t.user_attrs.get("launched") and t.user_attrs["state"] != "oom"]
+    assert all(m < min(o.user_attrs["candidate"]["ppo_micro_batch_size_per_gpu"] for o in ooms) for m in launched_micro)
+
+
+def test_probe_budget_stops_the_search(tmp_path):
+    cfg = _cfg(tmp_path, trials=40, budget=Budget(probes=5))
+    study = run_study(cfg, get_runner("sim"))
+    assert sum(bool(t.user_attrs.get("launched")) for t in study.trials) == 5
+    assert study.user_attrs["stopped_by"] == "probe budget reached (5 probes)"
+
+
+def test_gpu_hour_budget_counts_probe_time_times_gpus(tmp_path):
+    cfg = _cfg(tmp_path, trials=40, budget=Budget(gpu_hours=2.0))
+    study = run_study(cfg, get_runner("sim"))
+    launched = [t for t in study.trials if t.user_attrs.get("launched")]
+    used = sum(t.user_attrs["probe_wall_s"] for t in launched) * 8 / 3600
+    assert used >= 2.0 and used - launched[-1].user_attrs["probe_wall_s"] * 8 / 3600 < 2.0
+
+
+def test_multi_objective_picks_the_fastest_with_enough_headroom(tmp_path):
+    from autotune.storage.records import best_records, pareto_front
+
+    cfg = _cfg(tmp_path, trials=14, search=SearchOptions(objective="throughput_and_memory", memory_margin_gib=40))
+    study = run_study(cfg, get_runner("sim"))
+    assert len(study.directions) == 2
+    front = pareto_front(study)
+    assert front and all(r.feasible_measurement for r in front)
+    best = best_records(study, k=1)[0]
+    assert best.peak_mem_gib <= get_gpu("H200").mem_gib - 40
+    assert all(r.tokens_per_s_per_gpu <= best.tokens_per_s_per_gpu for r in front
+               if r.peak_mem_gib <= get_gpu("H200").mem_gib - 40)

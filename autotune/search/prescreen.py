@@ -1,0 +1,121 @@
+"""Spend no probe on a candidate whose fate is already known: memory pre-screen and OOM boundaries.
+
+Memory pre-screen: the model's predicted peak over capacity (`ratio`) is compared with 1 + margin.
+The margin starts from the model's calibration (its worst under-prediction on the H200 rows was 3.4%,
+docs/model.md, so 4% of headroom) and adapts when a measured probe contradicts the model: an OOM at a
+ratio the gate let through tightens it below that ratio; a fit above ratio 1 loosens it past that ratio.
+
+OOM boundaries: for a fixed parallel layout and fixed flags, memory grows monotonically with the
+micro-batch sizes, token budgets, gpu_memory_utilization, max_num_seqs and max_num_batched_tokens. A
+point that dominates a measured CUDA OOM is known to OOM; a point dominated by a measured fit is known
+to fit. vLLM's "no room for the KV cache" runs the other way in gpu_memory_utilization (more share,
+more room), so it has its own order over the rollout knobs. Inferred outcomes are recorded as inferred,
+never as measurements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.objectives.memory import MemoryEstimate
+
+# memory non-decreasing in each of these, everything else fixed
+MONOTONE_UP = ("ppo_micro_batch_size_per_gpu", "log_prob_micro_batch_size_per_gpu",
+               "ref_log_prob_micro_batch_size_per_gpu", "ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu",
+               "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens")
+# vLLM's KV room shrinks with these up and grows with gpu_memory_utilization; it depends on nothing
+# else but the rollout TP (the KV budget is share - weights/TP - activations - sampler).
+KV_KEY = ("rollout_tp",)
+KV_UP = ("max_num_seqs", "max_num_batched_tokens")
+KV_DOWN = ("gpu_memory_utilization",)
+
+INITIAL_MARGIN = -0.04
+MARGIN_STEP = 0.01
+MARGIN_ATTR = "prescreen_margin"
+
+
+def memory_ratio(mem: MemoryEstimate) -> float:
+    """Predicted need over capacity, folding a KV shortfall in as extra need."""
+    kv_short = max(mem.kv_cache_needed_gib - mem.kv_cache_gib, 0.0)
+    return max(mem.peak_gib / mem.capacity_gib, 1.0 + kv_short / mem.capacity_gib if kv_short else 0.0)
+
+
+@dataclass
+class MemoryGate:
+    margin: float = INITIAL_MARGIN
+
+    def admits(self, ratio: float) -> bool:
+        return ratio <= 1.0 + self.margin
+
+    def learn(self, ratio: float, *, measured_oom: bool) -> bool:
+        """Update the margin from a measured outcome; True when it changed."""
+        before = self.margin
+        if measured_oom and ratio <= 1.0 + self.margin:
+            self.margin = ratio - 1.0 - MARGIN_STEP
+        elif not measured_oom and ratio > 1.0 + self.margin - MARGIN_STEP and ratio > 1.0:
+            self.margin = max(self.margin, ratio - 1.0 + MARGIN_STEP)
+        return self.margin != before
+
+    @classmethod
+    def of(cls, study: optuna.Study) -> "MemoryGate":
+        return cls(margin=study.user_attrs.get(MARGIN_ATTR, INITIAL_MARGIN))
+
+    def save(self, study: optuna.Study) -> None:
+        study.set_user_attr(MARGIN_ATTR, self.margin)
+
+
+def _key(params: Mapping, names: Iterable[str] | None = None, exclude: Iterable[str] = ()) -> tuple:
+    if names is not None:
+        return tuple((n, params.get(n)) for n in names)
+    skip = set(exclude)
+    return tuple(sorted((k, v) for k, v in params.items() if k not in skip))
+
+
+def _ge(a: Mapping, b: Mapping, names: Iterable[str]) -> bool:
+    return all(a.get(n) is None or b.get(n) is None or a[n] >= b[n] for n in names)
+
+
+def dominates_oom(candidate: Mapping, oom: Mapping, kind: str) -> bool:
+    """True when `candidate` needs at least as much memory as a point that ran out of it."""
+    if kind == "kv_cache_too_small":
+        return (_key(candidate, KV_KEY) == _key(oom, KV_KEY) and _ge(candidate, oom, KV_UP)
+                and _ge(oom, candidate, KV_DOWN))
+    return _key(candidate, exclude=MONOTONE_UP) == _key(oom, exclude=MONOTONE_UP) and _ge(candidate, oom, MONOTONE_UP)
+
+
+def dominated_by_fit(candidate: Mapping, fit: Mapping) -> bool:
+    """True when `candidate` needs no more memory than a point that fitted, in every phase and the KV check."""
+    same = _key(candidate, exclude=MONOTONE_UP) == _key(fit, exclude=MONOTONE_UP)
+    return same and _ge(fit, candidate, MONOTONE_UP) and _ge(fit, candidate, KV_UP) and _ge(candidate, fit, KV_DOWN)
+
+
+def measured_outcomes(study: optuna.Study) -> tuple[list[optuna.trial.FrozenTrial], list[optuna.trial.FrozenTrial]]:
+    """(measured OOM trials, measured fits): launched probes only, never inferred or rejected ones."""
+    ooms, fits = [], []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        state = t.user_attrs.get("state")
+        if state == "oom" and "candidate" in t.user_attrs:
+            ooms.append(t)
+        elif state in ("measured", "simulated", "pruned") and "candidate" in t.user_attrs:
+            fits.append(t)
+    return ooms, fits
+
+
+def inferred_oom(candidate: Mapping, study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    ooms, _ = measured_outcomes(study)
+    for t in ooms:
+        if dominates_oom(candidate, t.user_attrs["candidate"], t.user_attrs.get("oom_kind", "cuda_oom")):
+            return t
+    return None
+
+
+def known_fit(candidate: Mapping, study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    _, fits = measured_outcomes(study)
+    for t in fits:
+        if dominated_by_fit(candidate, t.user_attrs["candidate"]):
+            return t
+    return None

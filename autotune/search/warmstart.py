@@ -1,0 +1,129 @@
+"""Warm start: let the cost model rank the valid space and start the study from its best predictions.
+
+The space is too large to enumerate in general (10^8+ points), so the ranking samples it uniformly
+(respecting which knobs apply under which engine and batching mode), keeps the points verl's rules and
+the memory gate accept, and polishes the best few by coordinate descent over every knob. Each trial
+costs the model about 50 microseconds, so a few thousand samples take well under a second.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from autotune.config import TuneConfig
+from autotune.objectives.calibration import DEFAULT_CONSTANTS, ModelConstants
+from autotune.objectives.cost import estimate_step_time
+from autotune.objectives.memory import estimate_memory
+from autotune.search.prescreen import MemoryGate, memory_ratio
+from autotune.spaces.candidate import Candidate
+from autotune.spaces.constraints import check
+from autotune.spaces.layout import ParallelLayout
+from autotune.spaces.space import SearchSpace
+from autotune.workload import Workload
+
+
+@dataclass(frozen=True)
+class Ranked:
+    predicted_tokens_per_s_per_gpu: float
+    candidate: Candidate
+    workload: Workload
+
+
+def sample_point(space: SearchSpace, workload: Workload, rng: random.Random) -> tuple[Candidate, Workload]:
+    values: dict = {}
+    for gate in ("actor_engine", "use_dynamic_bsz"):
+        values[gate] = space.fixed.get(gate, _draw(space, gate, rng))
+    for name in space.active_knobs(values, workload.use_kl_loss):
+        if name not in values:
+            values[name] = space.fixed[name] if name in space.fixed else _draw(space, name, rng)
+    if values.get("actor_engine") != "megatron":
+        values["cuda_device_max_connections"] = 0
+    changes = {n: rng.choice(d.choices) for n, d in space.workload_domains.items()}
+    from dataclasses import replace
+    return Candidate(**values), (replace(workload, **changes) if changes else workload)
+
+
+def _draw(space: SearchSpace, name: str, rng: random.Random):
+    dom = space.domains[name]
+    if dom.choices:
+        return rng.choice(dom.choices)
+    steps = round((dom.high - dom.low) / dom.step)
+    return round(dom.low + dom.step * rng.randint(0, steps), 6)
+
+
+def predicted(cfg: TuneConfig, cand: Candidate, workload: Workload, gate: MemoryGate,
+              constants: ModelConstants = DEFAULT_CONSTANTS) -> float | None:
+    """Predicted tokens/s/GPU, or None when verl's rules or the memory gate would reject it."""
+    layout = ParallelLayout.of(cand, workload, gpus_per_node=cfg.gpus_per_node, nodes=cfg.nodes)
+    if check(cfg.model, workload, cand, layout):
+        return None
+    mem = estimate_memory(cfg.model, cfg.gpu, workload, cand, layout, constants=constants)
+    if not gate.admits(memory_ratio(mem)) or not mem.kv_cache_fits:
+        return None
+    return estimate_step_time(cfg.model, cfg.gpu, workload, cand, layout, constants=constants).tokens_per_s_per_gpu
+
+
+def _neighbours(space: SearchSpace, cand: Candidate, workload: Workload):
+    params = cand.as_params()
+    partial = {"actor_engine": params["actor_engine"], "use_dynamic_bsz": params["use_dynamic_bsz"]}
+    for name in space.active_knobs(partial, workload.use_kl_loss):
+        if name in space.fixed or name in ("actor_engine", "use_dynamic_bsz"):
+            continue
+        dom = space.domains[name]
+        values = dom.choices or [round(dom.low + dom.step * i, 6)
+                                 for i in range(round((dom.high - dom.low) / dom.step) + 1)]
+        for value in values:
+            if value != params[name]:
+                yield cand.with_(**{name: value})
+
+
+def polish(cfg: TuneConfig, space: SearchSpace, start: Ranked, gate: MemoryGate, rounds: int = 3) -> Ranked:
+    """Coordinate descent from `start` over every applicable knob, on the model's prediction."""
+    best = start
+    for _ in range(rounds):
+        improved = False
+        for cand in _neighbours(space, best.candidate, best.workload):
+            score = predicted(cfg, cand, best.workload, gate)
+            if score is not None and score > best.predicted_tokens_per_s_per_gpu * 1.0001:
+                best, improved = Ranked(score, cand, best.workload), True
+        if not improved:
+            break
+    return best
+
+
+def rank_space(cfg: TuneConfig, space: SearchSpace, gate: MemoryGate, *, samples: int = 3000, keep: int = 3,
+               seed: int | None = None) -> list[Ranked]:
+    """The model's `keep` best distinct candidates (different layouts or batching modes first)."""
+    rng = random.Random(seed)
+    scored: list[Ranked] = []
+    for _ in range(samples):
+        cand, workload = sample_point(space, cfg.workload, rng)
+        score = predicted(cfg, cand, workload, gate)
+        if score is not None:
+            scored.append(Ranked(score, cand, workload))
+    scored.sort(key=lambda r: r.predicted_tokens_per_s_per_gpu, reverse=True)
+    picked: list[Ranked] = []
+    seen: set = set()
+    for r in scored:
+        if len(picked) >= keep * 3:
+            break
+        shape = _shape(r.candidate.as_params())
+        if shape in seen:
+            continue
+        seen.add(shape)
+        picked.append(polish(cfg, space, r, gate))
+    picked.sort(key=lambda r: r.predicted_tokens_per_s_per_gpu, reverse=True)
+    unique, params_seen = [], set()
+    for r in picked:
+        key = tuple(sorted(r.candidate.as_params().items()))
+        if key not in params_seen:
+            params_seen.add(key)
+            unique.append(r)
+    return unique[:keep]
+
+
+def _shape(params: Mapping) -> tuple:
+    return (params["actor_engine"], params["actor_tp"], params["actor_pp"], params["ulysses_sp"],
+            params["rollout_tp"], params["use_dynamic_bsz"])

@@ -1,0 +1,84 @@
+import optuna
+import pytest
+
+from autotune.search.prescreen import (INITIAL_MARGIN, MemoryGate, dominated_by_fit, dominates_oom, inferred_oom,
+                                       known_fit, memory_ratio)
+from autotune.spaces.candidate import Candidate
+
+BASE = Candidate(ppo_micro_batch_size_per_gpu=8, log_prob_micro_batch_size_per_gpu=16, gpu_memory_utilization=0.5).as_params()
+
+
+def _with(**kw):
+    return {**BASE, **kw}
+
+
+def test_bigger_micro_batch_dominates_a_cuda_oom():
+    assert dominates_oom(_with(ppo_micro_batch_size_per_gpu=16), BASE, "cuda_oom")
+    assert dominates_oom(BASE, BASE, "cuda_oom")
+    assert not dominates_oom(_with(ppo_micro_batch_size_per_gpu=4), BASE, "cuda_oom")
+
+
+def test_different_layout_or_flags_infer_nothing():
+    assert not dominates_oom(_with(ppo_micro_batch_size_per_gpu=16, gradient_checkpointing=False), BASE, "cuda_oom")
+    assert not dominates_oom(_with(ppo_micro_batch_size_per_gpu=16, rollout_tp=4), BASE, "cuda_oom")
+
+
+def test_one_dimension_down_breaks_dominance():
+    assert not dominates_oom(_with(ppo_micro_batch_size_per_gpu=16, gpu_memory_utilization=0.4), BASE, "cuda_oom")
+
+
+def test_kv_cache_failure_runs_the_other_way_in_gpu_memory_utilization():
+    # less share for vLLM and more sequences leave even less KV room, whatever the trainer does
+    assert dominates_oom(_with(gpu_memory_utilization=0.4, max_num_seqs=512, gradient_checkpointing=False),
+                         BASE, "kv_cache_too_small")
+    assert not dominates_oom(_with(gpu_memory_utilization=0.6), BASE, "kv_cache_too_small")
+    assert not dominates_oom(_with(gpu_memory_utilization=0.4, rollout_tp=4), BASE, "kv_cache_too_small")
+
+
+def test_smaller_points_are_known_to_fit():
+    assert dominated_by_fit(_with(ppo_micro_batch_size_per_gpu=4), BASE)
+    assert not dominated_by_fit(_with(ppo_micro_batch_size_per_gpu=16), BASE)
+    # lower gpu_memory_utilization needs less memory but may not hold the KV cache: not known to fit
+    assert not dominated_by_fit(_with(gpu_memory_utilization=0.4), BASE)
+
+
+def test_gate_tightens_after_an_unexpected_oom_and_loosens_after_an_unexpected_fit():
+    gate = MemoryGate()
+    assert gate.margin == INITIAL_MARGIN and gate.admits(0.95) and not gate.admits(0.97)
+    assert gate.learn(0.90, measured_oom=True)  # the model said 90% and it OOMed
+    assert not gate.admits(0.90) and gate.admits(0.88)
+    assert not gate.learn(0.95, measured_oom=True), "an OOM the gate would have rejected teaches nothing"
+    loose = MemoryGate(margin=0.05)
+    assert loose.learn(1.048, measured_oom=False)  # predicted 4.8% over, at the gate's edge, and it fitted
+    assert loose.admits(1.055) and loose.margin == pytest.approx(0.058)
+    assert not MemoryGate().learn(0.5, measured_oom=False)
+
+
+def _study_with(state, cand, **attrs):
+    study = optuna.create_study(directions=["maximize"])
+    trial = study.ask()
+    trial.set_user_attr("state", state)
+    trial.set_user_attr("candidate", cand)
+    for k, v in attrs.items():
+        trial.set_user_attr(k, v)
+    trial.set_constraint("memory", 3.0 if state == "oom" else 0.0)
+    study.tell(trial, 0.0)
+    return study
+
+
+def test_inference_reads_only_measured_trials_of_the_study():
+    study = _study_with("oom", BASE, oom_kind="cuda_oom", oom_phase="update_actor")
+    assert inferred_oom(_with(ppo_micro_batch_size_per_gpu=32), study).number == 0
+    assert inferred_oom(_with(ppo_micro_batch_size_per_gpu=2), study) is None
+    inferred_only = _study_with("inferred_oom", BASE)
+    assert inferred_oom(_with(ppo_micro_batch_size_per_gpu=32), inferred_only) is None
+    fitted = _study_with("simulated", BASE)
+    assert known_fit(_with(ppo_micro_batch_size_per_gpu=2), fitted).number == 0
+
+
+def test_memory_ratio_folds_in_a_kv_shortfall():
+    from types import SimpleNamespace
+    mem = SimpleNamespace(peak_gib=70.0, capacity_gib=140.0, kv_cache_gib=-4.0, kv_cache_needed_gib=10.0)
+    assert memory_ratio(mem) == pytest.approx(1.1)
+    mem.kv_cache_gib = 20.0
+    assert memory_ratio(mem) == pytest.approx(0.5)
