@@ -214,24 +214,40 @@ def megatron_vpp_layout(ctx: CheckContext) -> Violation | None:
     return _v("megatron_vpp_layout", msg, "megatron-core", "verl/utils/megatron/router_replay_utils.py:105-153")
 
 
-@rule
-def megatron_vpp_micro_batches(ctx: CheckContext) -> Violation | None:
-    """With VPP, every pass (train and the log-prob passes in infer_batch) needs a micro-batch count
-    divisible by microbatch_group_size_per_vp_stage (= PP)."""
-    c, lay, w = ctx.candidate, ctx.layout, ctx.workload
+def _vpp_pass(ctx: CheckContext, rule_id: str, pass_name: str, per_rank: float, micro: int) -> Violation | None:
+    """With VPP, a pass's micro-batch count must be divisible by microbatch_group_size_per_vp_stage (= PP);
+    verl asserts it for training and for the log-prob passes in infer_batch."""
+    c, lay = ctx.candidate, ctx.layout
     if not c.is_megatron or c.actor_vpp == 1 or c.use_dynamic_bsz or not lay.dp:
         return None
-    passes = [("update_actor", w.trajectories_per_mini_batch / lay.dp, c.ppo_micro_batch_size_per_gpu),
-              ("old_log_prob", w.trajectories_per_step / lay.dp, c.log_prob_micro_batch_size_per_gpu)]
-    if w.use_kl_loss:
-        passes.append(("ref", w.trajectories_per_step / lay.dp, c.ref_log_prob_micro_batch_size_per_gpu))
-    for name, per_rank, micro in passes:
-        n_micro = per_rank / micro
-        if n_micro != int(n_micro) or int(n_micro) % c.actor_pp:
-            return _v("megatron_vpp_micro_batches",
-                      f"micro_batches {n_micro:g} must be divisible by num_batches_divided_by {c.actor_pp} for megatron "
-                      f"backend ({name} pass)", "verl", "verl/workers/engine/megatron/transformer_impl.py:873-918")
-    return None
+    n_micro = per_rank / micro
+    if n_micro == int(n_micro) and int(n_micro) % c.actor_pp == 0:
+        return None
+    return _v(rule_id, f"micro_batches {n_micro:g} must be divisible by num_batches_divided_by {c.actor_pp} for "
+              f"megatron backend ({pass_name} pass)", "verl", "verl/workers/engine/megatron/transformer_impl.py:873-918")
+
+
+@rule
+def megatron_vpp_micro_batches(ctx: CheckContext) -> Violation | None:
+    lay, w, c = ctx.layout, ctx.workload, ctx.candidate
+    return _vpp_pass(ctx, "megatron_vpp_micro_batches", "update_actor",
+                     w.trajectories_per_mini_batch / max(lay.dp, 1), c.ppo_micro_batch_size_per_gpu)
+
+
+@rule
+def megatron_vpp_log_prob_micro_batches(ctx: CheckContext) -> Violation | None:
+    lay, w, c = ctx.layout, ctx.workload, ctx.candidate
+    return _vpp_pass(ctx, "megatron_vpp_log_prob_micro_batches", "old_log_prob",
+                     w.trajectories_per_step / max(lay.dp, 1), c.log_prob_micro_batch_size_per_gpu)
+
+
+@rule
+def megatron_vpp_ref_micro_batches(ctx: CheckContext) -> Violation | None:
+    lay, w, c = ctx.layout, ctx.workload, ctx.candidate
+    if not w.use_kl_loss:
+        return None
+    return _vpp_pass(ctx, "megatron_vpp_ref_micro_batches", "ref",
+                     w.trajectories_per_step / max(lay.dp, 1), c.ref_log_prob_micro_batch_size_per_gpu)
 
 
 @rule
@@ -324,22 +340,31 @@ def ulysses_needs_remove_padding(ctx: CheckContext) -> Violation | None:
 
 # ---- dynamic batch size ---------------------------------------------------------------------------
 
-@rule
-def dynamic_bsz_token_floor(ctx: CheckContext) -> Violation | None:
+def _token_floor(ctx: CheckContext, rule_id: str, key: str, budget: int) -> Violation | None:
     c, w = ctx.candidate, ctx.workload
     if not c.use_dynamic_bsz:
         return None
     # verl scales the budget by the sequence-splitting degree: Ulysses SP, or Megatron CP
     # (engine/megatron/transformer_impl.py:836 -> engine/utils.py:111)
     sp = c.actor_cp if c.is_megatron else c.ulysses_sp
-    for key, budget in (("ppo_max_token_len_per_gpu", c.ppo_max_token_len_per_gpu),
-                        ("log_prob_max_token_len_per_gpu", c.log_prob_max_token_len_per_gpu)):
-        if budget * sp < w.seq_len:
-            return _v("dynamic_bsz_token_floor",
-                      f"max_token_len must be greater than the sequence length. Got max_token_len={budget * sp} and "
-                      f"max_seq_len={w.seq_len} ({key}={budget} x sequence split {sp})",
-                      "verl", "verl/utils/seqlen_balancing.py:384-386")
-    return None
+    if budget * sp >= w.seq_len:
+        return None
+    return _v(rule_id, f"max_token_len must be greater than the sequence length. Got max_token_len={budget * sp} and "
+              f"max_seq_len={w.seq_len} ({key}={budget} x sequence split {sp})",
+              "verl", "verl/utils/seqlen_balancing.py:384-386")
+
+
+@rule
+def dynamic_bsz_token_floor(ctx: CheckContext) -> Violation | None:
+    c = ctx.candidate
+    return _token_floor(ctx, "dynamic_bsz_token_floor", "ppo_max_token_len_per_gpu", c.ppo_max_token_len_per_gpu)
+
+
+@rule
+def dynamic_bsz_log_prob_token_floor(ctx: CheckContext) -> Violation | None:
+    c = ctx.candidate
+    return _token_floor(ctx, "dynamic_bsz_log_prob_token_floor", "log_prob_max_token_len_per_gpu",
+                        c.log_prob_max_token_len_per_gpu)
 
 
 # ---- vLLM scheduler -------------------------------------------------------------------------------

@@ -193,6 +193,8 @@ def _check_engine_pins(fixed: dict) -> None:
     engine = fixed.get("actor_engine")
     for name, value in fixed.items():
         neutral = value in (1, False, 0) and not (isinstance(value, float))
+        if name == "cuda_device_max_connections":
+            continue  # an environment variable: pinned, it applies to the Megatron trials only
         if name in MEGATRON_ONLY and not neutral and engine != "megatron":
             raise ConfigError(f"tune.yaml fixed: {name} applies to the Megatron engine only; also pin "
                               "actor_engine: megatron")

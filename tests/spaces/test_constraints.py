@@ -162,6 +162,19 @@ CASES = [
          Setup("qwen2.5-7b", MEGATRON.with_(actor_pp=2, actor_vpp=2, ppo_micro_batch_size_per_gpu=8), PROBE_WL),
          Setup("qwen2.5-7b", MEGATRON.with_(actor_pp=2, actor_vpp=2, ppo_micro_batch_size_per_gpu=4), PROBE_WL),
          "must be divisible by num_batches_divided_by 2 for megatron backend"),
+    # PP 2, dp 4: per-rank full batch 320 / 4 = 80; log-prob micro 16 -> 5 micro-batches (odd), 8 -> 10
+    Case("vpp-5-log-prob-micro-batches-pp2", "megatron_vpp_log_prob_micro_batches",
+         Setup("qwen2.5-7b", MEGATRON.with_(actor_pp=2, actor_vpp=2, ppo_micro_batch_size_per_gpu=4,
+                                            log_prob_micro_batch_size_per_gpu=16), PROBE_WL),
+         Setup("qwen2.5-7b", MEGATRON.with_(actor_pp=2, actor_vpp=2, ppo_micro_batch_size_per_gpu=4,
+                                            log_prob_micro_batch_size_per_gpu=8), PROBE_WL),
+         "(old_log_prob pass)"),
+    Case("vpp-5-ref-micro-batches-pp2", "megatron_vpp_ref_micro_batches",
+         Setup("qwen2.5-7b", MEGATRON.with_(actor_pp=2, actor_vpp=2, ppo_micro_batch_size_per_gpu=4,
+                                            ref_log_prob_micro_batch_size_per_gpu=16), PROBE_WL),
+         Setup("qwen2.5-7b", MEGATRON.with_(actor_pp=2, actor_vpp=2, ppo_micro_batch_size_per_gpu=4,
+                                            ref_log_prob_micro_batch_size_per_gpu=8), PROBE_WL),
+         "(ref pass)"),
     Case("ep-on-dense-model", "megatron_experts_divisible_by_ep",
          Setup("qwen2.5-7b", MEGATRON.with_(actor_ep=2)),
          Setup("qwen2.5-7b", MEGATRON.with_(actor_ep=1)),
@@ -226,7 +239,7 @@ CASES = [
          Setup("qwen2.5-7b", FSDP.with_(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=1024,
                                         log_prob_max_token_len_per_gpu=4096, ulysses_sp=2)),
          "max_token_len must be greater than the sequence length. Got max_token_len=1024 and max_seq_len=1536"),
-    Case("dynamic-log-prob-budget-1024", "dynamic_bsz_token_floor",
+    Case("dynamic-log-prob-budget-1024", "dynamic_bsz_log_prob_token_floor",
          Setup("qwen2.5-7b", FSDP.with_(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=4096,
                                         log_prob_max_token_len_per_gpu=1024)),
          Setup("qwen2.5-7b", FSDP.with_(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=4096,
@@ -406,7 +419,8 @@ def test_dynamic_bsz_token_floor_counts_megatron_context_parallel():
     # budget 1024 x CP 2 = 2048 >= 1536: verl packs these micro-batches without complaint
     cand = MEGATRON.with_(use_dynamic_bsz=True, actor_cp=2, ppo_max_token_len_per_gpu=1024,
                           log_prob_max_token_len_per_gpu=1024)
-    assert "dynamic_bsz_token_floor" not in Setup("qwen2.5-7b", cand).violations()
+    found = Setup("qwen2.5-7b", cand).violations()
+    assert "dynamic_bsz_token_floor" not in found and "dynamic_bsz_log_prob_token_floor" not in found
 
 
 def test_vpp_rule_covers_log_prob_micro_batches():

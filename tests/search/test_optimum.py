@@ -1,0 +1,80 @@
+"""The decomposed exhaustive optimum equals brute force on spaces small enough to enumerate point by point."""
+
+import itertools
+from dataclasses import replace
+
+import pytest
+
+from autotune.hardware import get_gpu
+from autotune.models import get_model
+from autotune.objectives.calibration import DEFAULT_CONSTANTS
+from autotune.objectives.cost import estimate_step_time
+from autotune.objectives.memory import estimate_memory
+from autotune.search.optimum import _values, exact_optimum
+from autotune.spaces.candidate import Candidate
+from autotune.spaces.constraints import check
+from autotune.spaces.layout import ParallelLayout
+from autotune.spaces.space import SearchSpace
+from autotune.workload import Workload
+
+
+def brute_force(model, gpu, workload, space, gpus_per_node, nodes, constants=DEFAULT_CONSTANTS):
+    best = None
+    names = list(space.domains)
+    for combo in itertools.product(*(_values(space, n) for n in names)):
+        values = dict(zip(names, combo))
+        partial = {"actor_engine": values["actor_engine"], "use_dynamic_bsz": values["use_dynamic_bsz"]}
+        active = set(space.active_knobs(partial, workload.use_kl_loss)) | {"actor_engine", "use_dynamic_bsz"}
+        if any(n not in active and values[n] != _values(space, n)[0] for n in names):
+            continue  # the sampler never varies an inactive knob: count each point once
+        neutral = {n: getattr(Candidate(), n) for n in names if n not in active}
+        if values["actor_engine"] != "megatron":
+            neutral["cuda_device_max_connections"] = 0
+            neutral.update({n: 1 for n in ("actor_tp", "actor_pp", "actor_vpp", "actor_cp", "actor_ep", "actor_etp")
+                            if n in names})
+        cand = Candidate(**{**values, **neutral})
+        layout = ParallelLayout.of(cand, workload, gpus_per_node=gpus_per_node, nodes=nodes)
+        if check(model, workload, cand, layout):
+            continue
+        mem = estimate_memory(model, gpu, workload, cand, layout, constants=constants)
+        if not mem.fits:
+            continue
+        tps = estimate_step_time(model, gpu, workload, cand, layout, constants=constants).tokens_per_s_per_gpu
+        if best is None or tps > best[0]:
+            best = (tps, cand)
+    return best
+
+
+SMALL = dict(
+    fixed={"use_torch_compile": True, "use_remove_padding": True, "activation_offload": False,
+           "enable_chunked_prefill": True, "ref_param_offload": False, "cuda_device_max_connections": 1},
+    ranges={"actor_engine": ["fsdp", "megatron"], "actor_tp": [1, 2], "actor_pp": [1, 2], "actor_vpp": [1, 2],
+            "actor_cp": [1], "ulysses_sp": [1, 2], "rollout_tp": [1, 2], "gpu_memory_utilization": [0.3, 0.6, 0.9],
+            "max_num_seqs": [64, 512], "max_num_batched_tokens": [8192],
+            "ppo_micro_batch_size_per_gpu": [1, 8, 64], "log_prob_micro_batch_size_per_gpu": [2, 32],
+            "ref_log_prob_micro_batch_size_per_gpu": [4, 128], "ppo_max_token_len_per_gpu": [1536, 12288],
+            "log_prob_max_token_len_per_gpu": [3072, 49152]},
+)
+
+
+@pytest.mark.parametrize("model_name, workload", [
+    ("qwen2.5-7b", Workload()),
+    ("qwen2.5-1.5b", Workload(train_batch_size=128, ppo_mini_batch_size=32, max_response_length=4096)),
+])
+def test_decomposition_matches_brute_force(model_name, workload):
+    model, gpu = get_model(model_name), get_gpu("H100-80GB")
+    space = SearchSpace.build(model, workload, gpus_per_node=8, nodes=1, **SMALL)
+    bf = brute_force(model, gpu, workload, space, 8, 1)
+    opt = exact_optimum(model, gpu, workload, space, gpus_per_node=8, nodes=1)
+    assert bf is not None and opt is not None
+    assert opt.tokens_per_s_per_gpu == pytest.approx(bf[0], rel=1e-9)
+
+
+def test_decomposition_matches_brute_force_under_perturbed_constants():
+    model, gpu, workload = get_model("qwen2.5-7b"), get_gpu("H100-80GB"), Workload()
+    k = replace(DEFAULT_CONSTANTS, activations=replace(DEFAULT_CONSTANTS.activations, per_h=60.0),
+                rollout=replace(DEFAULT_CONSTANTS.rollout, decode_hbm_efficiency=0.5))
+    space = SearchSpace.build(model, workload, gpus_per_node=8, nodes=1, **SMALL)
+    bf = brute_force(model, gpu, workload, space, 8, 1, constants=k)
+    opt = exact_optimum(model, gpu, workload, space, gpus_per_node=8, nodes=1, constants=k)
+    assert opt.tokens_per_s_per_gpu == pytest.approx(bf[0], rel=1e-9)
