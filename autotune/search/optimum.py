@@ -16,6 +16,7 @@ know how close a search got.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -88,35 +89,64 @@ def exact_optimum(model: ModelSpec, gpu: GpuSpec, workload: Workload, space: Sea
     """The fastest feasible point of `space` under the sim model with these constants (None: none fits)."""
     ev = _Evaluator(model, gpu, workload, gpus_per_node, nodes, constants)
     rollout_names = [n for n in ROLLOUT_KNOBS if n in space.domains]
-    rollouts = list(_product(space, rollout_names))
+    gen_table = _rollout_table(space, rollout_names, ev)
+    if not gen_table:
+        return None
     layout_names = [n for n in space.domains if n not in ROLLOUT_KNOBS and n not in PART_KNOBS]
+    filler_rollout = {n: _values(space, n)[0] for n in rollout_names}
     best: tuple[float, Candidate] | None = None
     points = 0
-    base_rollout = rollouts[0]
     for layout_values in _product(space, layout_names):
         lv = _normalise(layout_values, space, workload)
         if lv is None:
             continue
-        parts = _best_parts(space, lv, base_rollout, ev, workload)
+        parts = _best_parts(space, lv, filler_rollout, ev, workload)
         if parts is None:
             continue
         train_s, part_values = parts
-        for rv in rollouts:
-            cand = Candidate(**{**lv, **part_values, **rv})
-            rules, mem, step = ev(cand)
-            if rules & (_ROLLOUT_RULES | {"engine_knobs_match_engine"}) or rules - _owned():
+        for rtp, (utils, best_gen) in gen_table.items():
+            probe = Candidate(**{**lv, **part_values, **filler_rollout, "rollout_tp": rtp,
+                                 "gpu_memory_utilization": utils[0][0]})
+            _, mem, step = ev(probe)
+            # rollout-phase memory is what the trainer keeps resident plus vLLM's share (memory.py)
+            other_gib = mem.phase_peak_gib["rollout"] - utils[0][0] * mem.capacity_gib
+            util_max = (mem.capacity_gib - other_gib) / mem.capacity_gib
+            k = bisect.bisect_right([u for u, _ in utils], util_max + 1e-12)
+            if k == 0:
                 continue
-            if not mem.kv_cache_fits or mem.phase_peak_gib["rollout"] > mem.capacity_gib:
-                continue
+            gen_s, rv = best_gen[k - 1]
             points += 1
-            total_s = train_s + step.phase_s["gen"] + step.phase_s["update_weights"]
+            total_s = train_s + gen_s + step.phase_s["update_weights"]
             if best is None or total_s < best[0]:
-                best = (total_s, cand)
+                best = (total_s, Candidate(**{**lv, **part_values, **rv}))
     if best is None:
         return None
     _, cand = best
     _, _, step = ev(cand)
     return Optimum(tokens_per_s_per_gpu=step.tokens_per_s_per_gpu, candidate=cand, points=points)
+
+
+def _rollout_table(space: SearchSpace, names: list[str], ev: _Evaluator) -> dict:
+    """rollout TP -> (ascending gpu_memory_utilization list, prefix-best (gen_s, rollout values)).
+
+    gen time, the KV check and the rollout rules depend on the rollout knobs alone, so they are
+    evaluated once, with the trainer at neutral values."""
+    rows: dict[int, list] = {}
+    for rv in _product(space, names):
+        rules, mem, step = ev(Candidate(**rv))
+        if rules & _ROLLOUT_RULES or not mem.kv_cache_fits:
+            continue
+        rows.setdefault(rv["rollout_tp"], []).append((rv["gpu_memory_utilization"], step.phase_s["gen"], rv))
+    table = {}
+    for rtp, entries in rows.items():
+        entries.sort(key=lambda e: e[0])
+        prefix, best = [], None
+        for util, gen_s, rv in entries:
+            if best is None or gen_s < best[0]:
+                best = (gen_s, rv)
+            prefix.append(best)
+        table[rtp] = ([(u, None) for u, _, _ in entries], prefix)
+    return table
 
 
 def _owned() -> set:
