@@ -23,6 +23,12 @@ EPILOG = """examples:
 """
 
 
+def threading_is_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
         self.exit(2, f"autotune: error: {message}\n")
@@ -90,7 +96,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _sigterm_as_interrupt(signum, frame):  # a scheduler's SIGTERM stops the study like Ctrl-C
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+
+    if threading_is_main():
+        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

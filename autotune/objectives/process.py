@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-__all__ = ["ProcessOutcome", "kill_process_group", "run_in_process_group"]
+__all__ = ["ProcessOutcome", "group_alive", "kill_process_group", "run_in_process_group"]
 
 _POLL_S = 0.1  # how often the watchdog looks at the clocks while the child is quiet
 _GONE_POLL_S = 0.05
@@ -63,8 +63,12 @@ def run_in_process_group(
     on_output: Callable[[str], bool] | None = None,
     should_stop: Callable[[], bool] | None = None,
     kill_grace_s: float = 10.0,
+    pgid_file: Path | None = None,
 ) -> ProcessOutcome:
     """Run `argv` in a new session, tee its output, and kill the whole group on any way out.
+
+    `pgid_file` receives the group id while the group lives, so that a tuner restarted after being
+    killed itself (SIGKILL runs no finally block) can end a probe group it left behind.
 
     `on_output(line)` returns True when the line shows progress (a new step); without it every
     line counts. The group is killed after `idle_timeout_s` without progress (hung), after
@@ -85,6 +89,8 @@ def run_in_process_group(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        if pgid_file is not None:
+            Path(pgid_file).write_text(str(proc.pid))
         try:
             tee = _Tee(log, on_output)
             stop = _watch(proc, tee, started_s, deadline_s, idle_timeout_s, should_stop)
@@ -94,6 +100,8 @@ def run_in_process_group(
             _bury(proc, kill_grace_s)
             if proc.stdout is not None:
                 proc.stdout.close()
+            if pgid_file is not None:
+                Path(pgid_file).unlink(missing_ok=True)
     return ProcessOutcome(
         returncode=proc.returncode,
         timed_out=stop is _Stop.TIMED_OUT,
@@ -267,6 +275,11 @@ def _wait_group_gone(pgid: int, timeout_s: float) -> bool:
             return False
         time.sleep(_GONE_POLL_S)
     return True
+
+
+def group_alive(pgid: int) -> bool:
+    """Public: True while a process of group `pgid` is running (zombies do not count)."""
+    return _group_alive(pgid)
 
 
 def _group_alive(pgid: int) -> bool:

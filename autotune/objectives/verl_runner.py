@@ -26,6 +26,7 @@ from autotune.objectives.verl_metrics import JsonlTail, StepMetrics, parse_conso
 from autotune.storage.export import best_yaml_text, model_engine, verl_overrides
 
 PROBE_CONFIG_NAME = "probe"
+PGID_FILE = "probe.pgid"  # the live probe's process group, for clean-up after a killed tuner
 LOG_TAIL_CHARS = 20_000
 THROUGHPUT_KEY = "perf/throughput"
 
@@ -153,7 +154,8 @@ class VerlRunner(ProbeRunner):
             outcome = run_in_process_group(argv, env=env, cwd=Path(request.run_dir).resolve(), log_path=log_path,
                                            deadline_s=self.limits.deadline_s,
                                            idle_timeout_s=self.limits.idle_timeout_s, on_output=stream.on_output,
-                                           should_stop=stream.poll, kill_grace_s=self.limits.kill_grace_s)
+                                           should_stop=stream.poll, kill_grace_s=self.limits.kill_grace_s,
+                                           pgid_file=Path(request.run_dir).resolve() / PGID_FILE)
         stream.poll()
         if stream.pruned_at is not None:
             raise ProbePruned(*stream.pruned_at)

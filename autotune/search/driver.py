@@ -77,17 +77,41 @@ def build_space(cfg: TuneConfig) -> SearchSpace:
 
 
 def fail_dead_local_trials(study: optuna.Study) -> int:
-    """RUNNING trials left by a tuner process on this host that no longer exists: mark them FAIL."""
+    """RUNNING trials left by a tuner process on this host that no longer exists: end the probe group it
+    left behind, mark the trial FAIL with the reason, and retry it once (enqueue the same parameters)."""
     host = socket.gethostname()
     failed = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if t.user_attrs.get("host") != host or _pid_alive(t.user_attrs.get("pid")):
             continue
+        killed = _kill_orphan_probe(t.user_attrs.get("run_dir"))
+        reason = "interrupted: the tuner process died mid-probe" + ("; its probe was still running and was ended"
+                                                                     if killed else "")
         study._storage.set_trial_user_attr(t._trial_id, "state", "failed")
-        study._storage.set_trial_user_attr(t._trial_id, "reason", "interrupted: the tuner process died mid-probe")
+        study._storage.set_trial_user_attr(t._trial_id, "reason", reason)
         study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        if "retry_of" not in t.user_attrs and t.params:
+            attrs = {k: v for k, v in t.user_attrs.items() if k in ("baseline", "warm_start")}
+            study.enqueue_trial(t.params, user_attrs={**attrs, "retry_of": t.number})
         failed += 1
     return failed
+
+
+def _kill_orphan_probe(run_dir: str | None) -> bool:
+    if not run_dir:
+        return False
+    pgid_file = Path(run_dir) / "probe.pgid"
+    try:
+        pgid = int(pgid_file.read_text().strip())
+    except (OSError, ValueError):
+        return False
+    from autotune.objectives.process import group_alive, kill_process_group
+
+    alive = group_alive(pgid)
+    if alive:
+        kill_process_group(pgid, grace_s=10.0)
+    pgid_file.unlink(missing_ok=True)
+    return alive
 
 
 def _pid_alive(pid) -> bool:
@@ -260,6 +284,7 @@ def _probe(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial, candidat
     run_dir = Path(cfg.out_dir) / "runs" / f"{cfg.study_name}-trial{trial.number:04d}"
     if not ctx.runner.simulated:
         run_dir.mkdir(parents=True, exist_ok=True)
+    trial.set_user_attr("run_dir", str(run_dir.resolve()))
     request = ProbeRequest(model=cfg.model, gpu=cfg.gpu, n_gpus=cfg.gpus_per_node, nodes=cfg.nodes,
                            workload=workload, candidate=candidate, run_dir=run_dir, trial_number=trial.number,
                            warmup_steps=cfg.probe.warmup_steps, timed_steps=cfg.probe.timed_steps)

@@ -32,7 +32,8 @@ def main():
     print("(TaskRunnerV1 pid=4242) Using LocalLogger is deprecated", flush=True)
     if scenario == "spawn":  # grandchildren like Ray workers, then hang
         for _ in range(2):
-            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+            mark = os.environ.get("AUTOTUNE_VERL_DOUBLE_MARK", "")
+            subprocess.Popen([sys.executable, "-c", f"import time; time.sleep(600)  # {mark}"])
     for step in range(1, steps + 1):
         if scenario in FAILURE_FILES and step == 2:
             sys.stdout.write(_excerpt(scenario))
