@@ -56,6 +56,10 @@ class ProbeRunner(ABC):
     name: ClassVar[str]
     simulated: ClassVar[bool] = False
 
+    def unsupported(self, candidate: Candidate, workload: Workload) -> str | None:
+        """Why this backend cannot measure `candidate` at all (checked before launch); None when it can."""
+        return None
+
     @abstractmethod
     def probe(self, request: ProbeRequest, report: StepReporter) -> ProbeResult:
         """Measure one candidate; raise ProbeOOM when it does not fit, ProbePruned when told to stop."""
@@ -74,10 +78,9 @@ class ProbePruned(Exception):
 _BACKENDS: dict[str, str] = {
     "sim": "autotune.objectives.sim:SimRunner",
     "verl": "autotune.objectives.verl_runner:VerlRunner",
+    "torch": "autotune.objectives.torch_runner:TorchRunner",
 }
-_NOT_YET: dict[str, str] = {
-    "torch": "the torch backend is not available yet (issue 4); use --backend sim",
-}
+_NOT_YET: dict[str, str] = {}
 BACKEND_NAMES = ("auto", "sim", "torch", "verl")
 
 

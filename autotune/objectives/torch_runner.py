@@ -21,7 +21,14 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import ClassVar
 
-from autotune.errors import BackendUnavailable, ProbeCrashed, ProbeEnvironmentError, ProbeOOM, ProbeTimeout
+from autotune.errors import (
+    BackendUnavailable,
+    ProbeCrashed,
+    ProbeEnvironmentError,
+    ProbeOOM,
+    ProbeRejected,
+    ProbeTimeout,
+)
 from autotune.hardware import detect_gpus
 from autotune.models import ModelSpec, get_model
 from autotune.objectives.base import ProbePruned, ProbeRequest, ProbeResult, ProbeRunner, StepReporter
@@ -38,10 +45,11 @@ PHASES = ("gen", "old_log_prob", "ref", "update_actor", "update_weights")
 EXIT_OOM = 3
 EXIT_KV_CACHE_TOO_SMALL = 4
 EXIT_ENVIRONMENT = 5
+EXIT_REJECTED = 6  # a configuration verl itself would refuse (e.g. a token budget below one sequence)
 
 REQUEST_FILE = "request.json"
 RESULT_FILE = "result.json"
-LOG_FILE = "torch_workload.log"
+LOG_FILE = "probe.log"  # the driver keeps run_dir/probe.log as the trial's artifact
 _INSTALL_HINT = "the torch backend needs `pip install 'autotune[torch]'`"
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding `autotune/`
 
@@ -114,17 +122,20 @@ class TorchRunner(ProbeRunner):
         self.request_overrides = dict(request_overrides or {})
         self.python = python
 
+    def unsupported(self, candidate: Candidate, workload: Workload) -> str | None:
+        return unsupported_reason(candidate, workload)
+
     def probe(self, request: ProbeRequest, report: StepReporter) -> ProbeResult:
         reason = unsupported_reason(request.candidate, request.workload)
         if reason:
-            raise BackendUnavailable(reason)
+            raise ProbeRejected(reason)  # a property of the candidate: the sampler learns to avoid it
         run_dir = Path(request.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         for stale in run_dir.glob(f"{RESULT_FILE}*"):
             stale.unlink()
         payload = request_payload(request, device=self.device, overrides=self.request_overrides)
         (run_dir / REQUEST_FILE).write_text(json.dumps(payload, indent=1))
-        progress = _Progress(report, warmup_steps=request.warmup_steps)
+        progress = _Progress(report)
         outcome = run_in_process_group(
             self._argv(request, run_dir), env=self._env(), cwd=run_dir, log_path=run_dir / LOG_FILE,
             deadline_s=self.deadline_s, idle_timeout_s=self.idle_timeout_s,
@@ -160,9 +171,8 @@ class TorchRunner(ProbeRunner):
 class _Progress:
     """Reads the workload's per-step JSON lines; asks `report` about timed steps."""
 
-    def __init__(self, report: StepReporter, *, warmup_steps: int) -> None:
+    def __init__(self, report: StepReporter) -> None:
         self.report = report
-        self.warmup_steps = warmup_steps
         self.pruned: tuple[int, float] | None = None
 
     def on_line(self, line: str) -> bool:
@@ -239,6 +249,8 @@ def _failure_error(record: dict) -> Exception:
                         peak_mem_gib=record.get("peak_mem_gib"))
     if record.get("kv_cache_too_small"):
         return ProbeOOM(message, phase="rollout", over_gib=record.get("over_gib"))
+    if record.get("rejected"):
+        return ProbeRejected(message)
     if record.get("environment"):
         return ProbeEnvironmentError(f"torch probe cannot run here: {message}")
     return ProbeCrashed(f"torch probe failed: {message}")

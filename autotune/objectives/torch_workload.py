@@ -27,7 +27,10 @@ Choices that differ from verl, each because the real thing needs a package we do
   logits but not an fp32 copy, the memory profile of flash-attn's cross-entropy kernel that verl uses
   when flash-attn is installed (verl/utils/torch_functional.py `logprobs_from_logits`).
 - Rollout uses HF modules, not vLLM, so decode is far slower than vLLM (calibration README); the KV
-  budget, concurrency limit, chunked prefill and the "no cache blocks" failure follow vLLM.
+  budget, concurrency limit, chunked prefill and the "no cache blocks" failure follow vLLM. Prompts
+  of a wave are left-padded to the wave's longest. rollout_tp > 1 is emulated in memory (weights
+  and KV heads split, one GPU's share of the replica's sequences), not in time: decode here reads
+  all the weights on one GPU.
 - One process stands for one GPU of an N-GPU job: it does 1/dp of the step's trajectories but holds
   a whole (unsharded) actor, so its memory is an upper bound on FSDP's unless it runs under torchrun
   with the job's real GPU count, where the actor is sharded with FSDP2.
@@ -38,7 +41,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import math
 import os
 import random
 import re
@@ -55,6 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from autotune.hardware import GIB
 from autotune.models import ModelSpec, get_model
 from autotune.objectives.calibration import ROLLOUT
 from autotune.objectives.flops import mfu, train_flops
@@ -63,6 +66,7 @@ from autotune.objectives.torch_runner import (
     EXIT_ENVIRONMENT,
     EXIT_KV_CACHE_TOO_SMALL,
     EXIT_OOM,
+    EXIT_REJECTED,
     PHASES,
     rank_result_path,
 )
@@ -70,7 +74,6 @@ from autotune.spaces.candidate import Candidate
 from autotune.spaces.layout import ParallelLayout
 from autotune.workload import Workload
 
-GIB = 2**30
 BF16_BYTES = 2
 
 # verl actor defaults (verl 0.9.1 actor/actor.yaml, optim/fsdp.yaml): PPO clip 0.2, dual-clip c=3,
@@ -121,6 +124,9 @@ def parse_request(data: dict) -> WorkloadRequest:
     oom_phase = data.get("test_raise_oom_in")
     if oom_phase is not None and oom_phase not in PHASES:
         raise ValueError(f"test_raise_oom_in must be one of {PHASES}, but got {oom_phase=}")
+    timed_steps = int(data.get("timed_steps", 2))
+    if timed_steps < 1:
+        raise ValueError(f"timed_steps must be >= 1 (the result is their median), but got {timed_steps=}")
     return WorkloadRequest(
         model=model,
         workload=Workload(**data.get("workload", {})),
@@ -128,7 +134,7 @@ def parse_request(data: dict) -> WorkloadRequest:
         gpus_per_node=int(data.get("gpus_per_node", 1)),
         nodes=int(data.get("nodes", 1)),
         warmup_steps=int(data.get("warmup_steps", 1)),
-        timed_steps=int(data.get("timed_steps", 2)),
+        timed_steps=timed_steps,
         device=data.get("device", "cuda"),
         peak_flops_per_gpu=float(data["peak_flops_per_gpu"]),
         seed=int(data.get("seed", 0)),
@@ -143,12 +149,16 @@ def parse_request(data: dict) -> WorkloadRequest:
 # ----------------------------------------------------------------------------------------------
 
 
+class ConfigRejected(ValueError):
+    """A configuration verl itself refuses at its first step; reported as a rejection, not a crash."""
+
+
 def local_trajectories(layout: ParallelLayout, scale_trajectories: int | None) -> int:
     """Trajectories one rank handles per step: train_batch_size*n / dp, or the probe's scale."""
     if scale_trajectories is not None:
         return max(1, int(scale_trajectories))
     if layout.dp < 1:
-        raise ValueError(f"the job's {layout.world_size} GPUs do not divide into data-parallel ranks "
+        raise ConfigRejected(f"the job's {layout.world_size} GPUs do not divide into data-parallel ranks "
                          f"(model_parallel={layout.model_parallel})")
     return max(1, int(layout.trajectories_per_rank))
 
@@ -182,7 +192,7 @@ def pack_by_token_budget(lengths: dict[int, int], max_tokens: int) -> list[list[
     too_long = max(lengths.values(), default=0)
     if too_long > max_tokens:
         # verl utils/seqlen_balancing.py:384-386
-        raise ValueError(f"max_token_len must be greater than the sequence length. "
+        raise ConfigRejected(f"max_token_len must be greater than the sequence length. "
                          f"Got max_token_len={max_tokens} and max_seq_len={too_long}")
     batches: list[list[int]] = []
     current: list[int] = []
@@ -600,11 +610,14 @@ class GrpoProbe:
         self.layout = req.layout
         self.n_trajectories = local_trajectories(self.layout, req.scale_trajectories)
         self.clock = clock
-        self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16))
         budget = kv_cache_budget_bytes(total_device_mem_bytes(self.device, req.device_mem_gib), req.model, self.cand)
         self.concurrency = rollout_concurrency(budget, req.model, self.cand, self.work)
         self.kv_budget_bytes = budget
         self._build_models()
+
+    def autocast(self) -> torch.autocast:
+        """bf16 compute over fp32 master weights (verl FSDP mixed precision)."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
     # -- set-up ---------------------------------------------------------------------------------
 
@@ -835,24 +848,28 @@ class GrpoProbe:
 
 
 def summarize(records: list[dict], warmup_steps: int, peak_gib: float, plan: dict) -> dict:
-    """Medians over the timed steps (gpt-fast style: warm-up and compile steps are not timed)."""
+    """Medians over the timed steps (gpt-fast style: warm-up and compile steps are not timed).
+
+    `series` holds the timed steps under verl's metric names, as the sim backend's series do.
+    """
     timed = records[warmup_steps:]
-    median = lambda values: statistics.median(values)  # noqa: E731
+    median = statistics.median
     phase_peaks = {name: max(r["phase_peak_mem_gib"].get(name, 0.0) for r in records) for name in PHASES}
     series = {
-        "tokens_per_s_per_gpu": [r["tokens_per_s_per_gpu"] for r in timed],
-        "mfu": [r["mfu"] for r in timed],
-        "step_s": [r["step_s"] for r in timed],
-        **{f"{name}_s": [r["phase_s"][name] for r in timed] for name in PHASES},
+        "perf/throughput": [r["tokens_per_s_per_gpu"] for r in timed],
+        "perf/mfu/actor": [r["mfu"] for r in timed],
+        "timing_s/step": [r["step_s"] for r in timed],
+        **{f"timing_s/{name}": [r["phase_s"][name] for r in timed] for name in PHASES},
+        "perf/max_memory_allocated_gb": [max(r["phase_peak_mem_gib"].values()) for r in timed],
     }
     return {
         "ok": True,
-        "tokens_per_s_per_gpu": median(series["tokens_per_s_per_gpu"]),
-        "mfu": median(series["mfu"]),
+        "tokens_per_s_per_gpu": median(series["perf/throughput"]),
+        "mfu": median(series["perf/mfu/actor"]),
         "peak_mem_gib": peak_gib,
         "phase_peak_mem_gib": phase_peaks,
-        "step_s": median(series["step_s"]),
-        "phase_s": {name: median(series[f"{name}_s"]) for name in PHASES},
+        "step_s": median(series["timing_s/step"]),
+        "phase_s": {name: median(series[f"timing_s/{name}"]) for name in PHASES},
         "series": series,
         "steps": [{"step": i, "timed": i >= warmup_steps, **r} for i, r in enumerate(records)],
         "plan": plan,
@@ -911,6 +928,9 @@ def main(argv: list[str] | None = None) -> int:
         if dist.enabled:
             torch.distributed.destroy_process_group()
         return 0
+    except ConfigRejected as exc:
+        _write_json(out_path, {"ok": False, "rejected": True, "message": _first_line(exc)})
+        return EXIT_REJECTED
     except KvCacheTooSmall as exc:
         _write_json(out_path, {"ok": False, "kv_cache_too_small": True, "phase": "rollout",
                                "over_gib": exc.over_gib, "message": str(exc)})

@@ -238,6 +238,13 @@ def _run_trial(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial) -> N
     if violations:
         _reject(study, trial, violations)
         return
+    unsupported = ctx.runner.unsupported(candidate, workload)
+    if unsupported:
+        set_constraints(trial, rules=1.0)
+        trial.set_user_attr("state", "rejected")
+        trial.set_user_attr("reason", f"not measurable by the {cfg.backend} backend: {unsupported}")
+        _tell_placeholder(study, trial)
+        return
     params = candidate.as_params()
     if cfg.search.boundaries:
         source = inferred_oom(params, study)

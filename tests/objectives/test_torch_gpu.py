@@ -1,0 +1,76 @@
+"""The torch backend on a real GPU: Qwen2.5-0.5B's shape, a few trajectories, through TorchRunner."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from autotune.errors import ProbeOOM  # noqa: E402
+from autotune.hardware import GIB, GpuSpec, get_gpu, match_device_name  # noqa: E402
+from autotune.models import get_model  # noqa: E402
+from autotune.objectives.base import ProbeRequest  # noqa: E402
+from autotune.objectives.torch_runner import PHASES, TorchRunner  # noqa: E402
+from autotune.spaces.candidate import Candidate  # noqa: E402
+from autotune.workload import Workload  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU"),
+]
+
+MODEL = get_model("qwen2.5-0.5b")
+WORKLOAD = Workload(train_batch_size=64, ppo_mini_batch_size=16, rollout_n=4, max_prompt_length=256,
+                    max_response_length=128)
+CANDIDATE = Candidate(rollout_tp=1, gpu_memory_utilization=0.3, use_torch_compile=False,
+                      ppo_micro_batch_size_per_gpu=8, log_prob_micro_batch_size_per_gpu=16,
+                      ref_log_prob_micro_batch_size_per_gpu=16)
+
+
+def this_gpu() -> GpuSpec:
+    return match_device_name(torch.cuda.get_device_name(0)) or get_gpu("H200")
+
+
+def gpu_request(tmp_path, candidate: Candidate) -> ProbeRequest:
+    return ProbeRequest(model=MODEL, gpu=this_gpu(), n_gpus=1, nodes=1, workload=WORKLOAD, candidate=candidate,
+                        run_dir=tmp_path / "probe", warmup_steps=1, timed_steps=2)
+
+
+def test_qwen25_05b_probe_measures_throughput_mfu_and_memory(tmp_path):
+    runner = TorchRunner(device="cuda", multi_gpu=False, request_overrides={"scale": {"trajectories": 32}})
+    result = runner.probe(gpu_request(tmp_path, CANDIDATE), lambda step, tps: False)
+    assert result.tokens_per_s_per_gpu > 0
+    assert 0 < result.mfu < 1
+    assert all(result.phase_s[phase] > 0 for phase in PHASES)
+    fp32_weights_gib = MODEL.param_count() * 4 / GIB
+    assert result.peak_mem_gib > fp32_weights_gib  # fp32 master weights + bf16 rollout/ref + activations
+
+
+def test_a_huge_micro_batch_raises_probe_oom(tmp_path):
+    # 512 sequences of ~230 tokens in one micro-batch without checkpointing: activations and
+    # 152k-vocab logits need several hundred GiB.
+    candidate = CANDIDATE.with_(ppo_micro_batch_size_per_gpu=512, gradient_checkpointing=False)
+    workload = Workload(train_batch_size=128, ppo_mini_batch_size=128, rollout_n=4, max_prompt_length=256,
+                        max_response_length=128)
+    request = ProbeRequest(model=MODEL, gpu=this_gpu(), n_gpus=1, nodes=1, workload=workload, candidate=candidate,
+                           run_dir=tmp_path / "probe", warmup_steps=1, timed_steps=1)
+    runner = TorchRunner(device="cuda", multi_gpu=False, request_overrides={"scale": {"trajectories": 512}})
+    with pytest.raises(ProbeOOM) as info:
+        runner.probe(request, lambda step, tps: False)
+    assert info.value.phase == "update_actor"
+    assert info.value.peak_mem_gib > 0
+
+
+def test_memory_savers_and_compile_run_on_the_gpu(tmp_path):
+    """Offloads, activation offload, token-budget packing and torch.compile all run; with the actor
+    and its Adam state offloaded, rollout holds little more than vLLM's KV budget and bf16 weights."""
+    candidate = CANDIDATE.with_(param_offload=True, optimizer_offload=True, ref_param_offload=True,
+                                activation_offload=True, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=2048,
+                                log_prob_max_token_len_per_gpu=4096, use_torch_compile=True)
+    runner = TorchRunner(device="cuda", multi_gpu=False, request_overrides={"scale": {"trajectories": 32}})
+    result = runner.probe(gpu_request(tmp_path, candidate), lambda step, tps: False)
+    assert all(result.phase_s[phase] > 0 for phase in PHASES)
+    bf16_weights_gib = MODEL.param_count() * 2 / GIB
+    gen_peak_gib = result.extra["phase_peak_mem_gib"]["gen"]
+    assert gen_peak_gib < result.extra["plan"]["kv_cache_budget_gib"] + bf16_weights_gib + 3.0

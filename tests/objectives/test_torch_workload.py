@@ -1,0 +1,236 @@
+"""The torch backend on the CPU: batch planning, GRPO maths, vLLM's KV arithmetic, and whole probes
+through TorchRunner on a tiny shape (hidden 64, 2 layers, vocab 512) in a subprocess."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from autotune.errors import ProbeCrashed, ProbeOOM, ProbeRejected  # noqa: E402
+from autotune.hardware import GIB, get_gpu  # noqa: E402
+from autotune.models import get_model  # noqa: E402
+from autotune.objectives.base import ProbePruned, ProbeRequest  # noqa: E402
+from autotune.objectives.memory import kv_bytes_per_token  # noqa: E402
+from autotune.objectives.torch_runner import PHASES, TorchRunner  # noqa: E402
+from autotune.objectives.torch_workload import (  # noqa: E402
+    KvCacheTooSmall,
+    check_kv_cache,
+    grpo_advantages,
+    kv_cache_budget_bytes,
+    local_trajectories,
+    micro_batches,
+    mini_batch_sizes,
+    oom_over_gib,
+    pack_by_token_budget,
+    rollout_concurrency,
+    static_micro_batches,
+    token_log_probs,
+)
+from autotune.spaces.candidate import Candidate  # noqa: E402
+from autotune.spaces.layout import ParallelLayout  # noqa: E402
+from autotune.workload import Workload  # noqa: E402
+
+TINY_MODEL = replace(get_model("qwen2.5-0.5b"), hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                     head_dim=16, intermediate_size=128, vocab_size=512)
+TINY_WORKLOAD = Workload(train_batch_size=4, ppo_mini_batch_size=2, rollout_n=2, max_prompt_length=16,
+                         max_response_length=8)
+TINY_CANDIDATE = Candidate(use_torch_compile=False, ppo_micro_batch_size_per_gpu=2,
+                           log_prob_micro_batch_size_per_gpu=4, ref_log_prob_micro_batch_size_per_gpu=4)
+
+
+def tiny_request(tmp_path: Path, **candidate_changes) -> ProbeRequest:
+    return ProbeRequest(model=TINY_MODEL, gpu=get_gpu("H200"), n_gpus=1, nodes=1, workload=TINY_WORKLOAD,
+                        candidate=TINY_CANDIDATE.with_(**candidate_changes), run_dir=tmp_path / "probe",
+                        warmup_steps=1, timed_steps=2)
+
+
+# ---- batch planning ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("budget", [1536, 4096, 16384])
+def test_token_budget_packing_places_every_sequence_once_and_no_row_over_budget(budget):
+    rng = random.Random(budget)
+    lengths = {i: rng.randint(1, 1536) for i in range(300)}
+    batches = pack_by_token_budget(lengths, budget)
+    placed = [i for batch in batches for i in batch]
+    assert sorted(placed) == sorted(lengths)
+    for batch in batches:  # the padded tensor (rows x longest) is what must fit
+        assert len(batch) * max(lengths[i] for i in batch) <= budget
+
+
+@pytest.mark.parametrize("budget", [4096, 16384])
+def test_token_budget_packing_wastes_little_on_grpo_lengths(budget):
+    """Responses run to max length and prompts vary, so sorted neighbours pad little."""
+    rng = random.Random(budget)
+    lengths = {i: 1024 + rng.randint(100, 300) for i in range(640)}
+    batches = pack_by_token_budget(lengths, budget)
+    ideal = sum(lengths.values()) / budget  # verl's ceil(total / max_token_len)
+    assert len(batches) <= 1.15 * ideal + 1
+
+
+def test_token_budget_packing_rejects_a_sequence_longer_than_the_budget():
+    with pytest.raises(ValueError, match="max_token_len must be greater than the sequence length"):
+        pack_by_token_budget({0: 100, 1: 5000}, 4096)
+
+
+def test_micro_batch_counts_static_and_dynamic():
+    assert [len(b) for b in static_micro_batches(list(range(10)), 4)] == [4, 4, 2]
+    lengths = {i: 1000 for i in range(16)}
+    static = micro_batches(range(16), lengths, dynamic=False, micro_batch_size=4, max_tokens=0)
+    dynamic = micro_batches(range(16), lengths, dynamic=True, micro_batch_size=0, max_tokens=3000)
+    assert [len(b) for b in static] == [4, 4, 4, 4]
+    assert [len(b) for b in dynamic] == [3, 3, 3, 3, 3, 1]
+
+
+def test_a_rank_does_its_share_of_an_8_gpu_step_in_mini_batches_of_its_share():
+    workload = Workload()  # 1024 prompts x 5, mini-batch 256 prompts
+    layout = ParallelLayout.of(Candidate(), workload, gpus_per_node=8, nodes=1)
+    n = local_trajectories(layout, None)
+    assert n == 1024 * 5 // 8
+    assert mini_batch_sizes(n, layout) == [160] * 4  # ppo_mini_batch_size * n / dp
+    micro = micro_batches(range(160), {i: 1000 for i in range(160)}, dynamic=False, micro_batch_size=4, max_tokens=0)
+    assert len(micro) == 40
+    # a scaled probe keeps the mini-batch size and runs fewer of them
+    assert mini_batch_sizes(local_trajectories(layout, 330), layout) == [160, 160, 10]
+    assert mini_batch_sizes(local_trajectories(layout, 10), layout) == [10]
+
+
+# ---- GRPO maths -------------------------------------------------------------------------------
+
+
+def test_grpo_advantages_are_normalised_within_each_group():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 5.0, 5.0, 5.0, 5.0, 3.0])
+    adv = grpo_advantages(rewards, group_size=5)
+    for group in (adv[0:5], adv[5:10]):
+        assert abs(group.mean().item()) < 1e-5
+    assert torch.allclose(adv[0:5].std(), torch.tensor(1.0), atol=1e-4)  # unbiased std, as verl
+    assert torch.allclose(adv[5:10], torch.tensor([-1.7888, 0.4472, 0.4472, 0.4472, 0.4472]), atol=1e-3)
+    assert adv[10].item() == pytest.approx(3.0, rel=1e-4)  # a group of one: mean 0, std 1
+
+
+def test_chunked_log_probs_equal_log_softmax():
+    logits = torch.randn(37, 50)
+    labels = torch.randint(0, 50, (37,))
+    expected = torch.log_softmax(logits, -1).gather(-1, labels[:, None]).squeeze(-1)
+    assert torch.allclose(token_log_probs(logits, labels, chunk_tokens=8), expected, atol=1e-5)
+
+
+# ---- vLLM's KV budget -------------------------------------------------------------------------
+
+
+def test_kv_capacity_follows_vllms_block_budget():
+    model = get_model("qwen2.5-7b")
+    total = get_gpu("H200").mem_gib * GIB
+    cand = Candidate(gpu_memory_utilization=0.5, rollout_tp=1, max_num_seqs=4096)
+    assert kv_bytes_per_token(model, 1) == 2 * 28 * 4 * 128 * 2  # K+V x layers x kv heads x head_dim x bf16
+    assert kv_bytes_per_token(model, 2) == kv_bytes_per_token(model, 1) / 2
+    budget = kv_cache_budget_bytes(total, model, cand)
+    weights = model.param_count() * 2
+    sampler_logits = 4096 * model.vocab_size * 4  # fp32 logits of max_num_seqs rows
+    assert budget == pytest.approx(0.5 * total - weights - 1.5 * GIB - sampler_logits)  # 1.5 GiB: activations
+    workload = Workload()
+    expected = int(budget // (kv_bytes_per_token(model, 1) * workload.mean_seq_len))
+    assert rollout_concurrency(budget, model, cand, workload) == expected
+    assert rollout_concurrency(budget, model, cand.with_(max_num_seqs=64), workload) == 64
+    # TP 2: weights and KV heads split over two GPUs, which serve two GPUs' share of the batch
+    cand_tp2 = cand.with_(rollout_tp=2, max_num_seqs=256)
+    assert rollout_concurrency(kv_cache_budget_bytes(total, model, cand_tp2), model, cand_tp2, workload) == 128
+
+
+def test_kv_cache_too_small_raises_vllms_errors():
+    model = get_model("qwen2.5-7b")
+    total = get_gpu("H200").mem_gib * GIB
+    with pytest.raises(KvCacheTooSmall, match="No available memory for the cache blocks"):
+        rollout_concurrency(kv_cache_budget_bytes(total, model, Candidate(gpu_memory_utilization=0.1, rollout_tp=1)),
+                            model, Candidate(), Workload())
+    with pytest.raises(KvCacheTooSmall, match="To serve at least one request") as info:
+        check_kv_cache(1 * 2**20, model, Candidate(rollout_tp=1), max_model_len=1536)
+    assert info.value.over_gib == pytest.approx((1536 * kv_bytes_per_token(model, 1) - 2**20) / GIB)
+
+
+def test_oom_over_gib_reads_torchs_message():
+    message = ("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 139.81 GiB of "
+               "which 4.50 GiB is free.")
+    assert oom_over_gib(message) == pytest.approx(15.5)
+    assert oom_over_gib("Tried to allocate 512.00 MiB") == pytest.approx(0.5)
+    assert oom_over_gib("test double") is None
+
+
+# ---- whole probes through TorchRunner ---------------------------------------------------------
+
+
+def test_runner_module_imports_without_torch():
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None; "
+            "import autotune.objectives.torch_runner")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
+
+
+def test_tiny_probe_end_to_end_on_cpu(tmp_path):
+    reported = []
+
+    def report(step: int, tokens_per_s: float) -> bool:
+        reported.append((step, tokens_per_s))
+        return False
+
+    result = TorchRunner(device="cpu").probe(tiny_request(tmp_path), report)
+    assert result.simulated is False
+    assert set(result.phase_s) == set(PHASES)
+    assert all(result.phase_s[phase] > 0 for phase in PHASES)
+    assert result.step_s >= sum(result.phase_s.values()) * 0.99
+    assert result.tokens_per_s_per_gpu > 0 and 0 < result.mfu < 1 and result.peak_mem_gib > 0
+    assert len(result.series["perf/throughput"]) == 2
+    assert [step for step, _ in reported] == [2, 3]  # timed steps only, 1-based like the sim backend
+    assert result.extra["plan"]["trajectories_per_rank"] == 8
+    # tokens/s per GPU is (prompt+response tokens) / step time, as verl's perf/throughput
+    first_timed = result.extra["steps"][1]
+    assert first_timed["tokens_per_s_per_gpu"] == pytest.approx(first_timed["tokens"] / first_timed["step_s"])
+
+
+def test_report_returning_true_prunes_the_probe(tmp_path):
+    request = tiny_request(tmp_path)
+    with pytest.raises(ProbePruned) as info:
+        TorchRunner(device="cpu").probe(request, lambda step, tps: True)
+    assert info.value.step == 2
+    assert not (request.run_dir / "result.json").exists()  # the process was stopped before it finished
+
+
+def test_oom_in_a_phase_becomes_probe_oom_with_that_phase(tmp_path):
+    runner = TorchRunner(device="cpu", request_overrides={"test_raise_oom_in": "update_actor"})
+    with pytest.raises(ProbeOOM) as info:
+        runner.probe(tiny_request(tmp_path), lambda step, tps: False)
+    assert info.value.phase == "update_actor"
+    assert info.value.peak_mem_gib is not None and info.value.peak_mem_gib > 0
+
+
+def test_kv_cache_too_small_becomes_probe_oom_in_rollout(tmp_path):
+    runner = TorchRunner(device="cpu", request_overrides={"device_mem_gib": 0.01})
+    with pytest.raises(ProbeOOM, match="No available memory for the cache blocks") as info:
+        runner.probe(tiny_request(tmp_path), lambda step, tps: False)
+    assert info.value.phase == "rollout"
+    assert info.value.over_gib > 0
+
+
+def test_a_token_budget_below_one_sequence_is_rejected_like_verl_rejects_it(tmp_path):
+    request = tiny_request(tmp_path, use_dynamic_bsz=True, log_prob_max_token_len_per_gpu=10)
+    with pytest.raises(ProbeRejected, match="max_token_len must be greater than the sequence length"):
+        TorchRunner(device="cpu").probe(request, lambda step, tps: False)
+
+
+def test_a_crash_becomes_probe_crashed_with_the_error_line(tmp_path):
+    runner = TorchRunner(device="cpu", request_overrides={"workload": {"rollout_n": 0}})
+    with pytest.raises(ProbeCrashed, match="workload.rollout_n must be a positive integer"):
+        runner.probe(tiny_request(tmp_path), lambda step, tps: False)
+
+
+def test_megatron_candidates_are_rejected_before_launch(tmp_path):
+    with pytest.raises(ProbeRejected, match="FSDP layouts only"):
+        TorchRunner(device="cpu").probe(tiny_request(tmp_path, actor_engine="megatron"), lambda step, tps: False)
+    assert not (tmp_path / "probe").exists()
