@@ -165,6 +165,9 @@ class TorchRunner(ProbeRunner):
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH")) if p)
         env["PYTHONUNBUFFERED"] = "1"
+        # as verl configures its workers (plugin/platform/platform_base.py:138, expandable segments): fewer
+        # fragmentation OOMs when phases with different shapes share one allocator
+        env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
         return env
 
 

@@ -668,15 +668,23 @@ class GrpoProbe:
         del pool
         return Trajectories(prompt_lengths=list(prompt_lengths), tokens=tokens, response_length=response_len)
 
-    def _reserve_kv_pool(self, prompt_lengths: list[int]) -> torch.Tensor | None:
+    def _reserve_kv_pool(self, prompt_lengths: list[int]) -> list[torch.Tensor] | None:
         """vLLM allocates its whole KV budget up front; hold the part our caches do not use (CUDA only:
         on the CPU the budget is nominal)."""
         if self.device.type != "cuda":
             return None
+        # verl puts the trainer to sleep before vLLM wakes: its cached blocks go back to the driver. Without
+        # this, one large allocation fails on fragmentation (measured on the H200: 53 GiB reserved but
+        # unallocated, a 64 GiB hold refused), which vLLM's paged pool never meets.
+        torch.cuda.empty_cache()
         seqs = min(self.concurrency, len(prompt_lengths))
         used = seqs * (max(prompt_lengths) + self.work.max_response_length) * kv_bytes_per_token(self.req.model)
         slack = int(self.kv_budget_bytes - used)
-        return torch.empty(slack, dtype=torch.uint8, device=self.device) if slack > 0 else None
+        if slack <= 0:
+            return None
+        block = 1 << 30  # vLLM's pool is many blocks, not one tensor: hold it in 1 GiB pieces
+        return [torch.empty(min(block, slack - off), dtype=torch.uint8, device=self.device)
+                for off in range(0, slack, block)]
 
     def _generate_wave(self, prompts: list[torch.Tensor], response_len: int) -> list[torch.Tensor]:
         from transformers import DynamicCache
