@@ -93,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--storage", help="study database URL (default: sqlite:///OUT/autotune.db)")
         cmd.add_argument("--study", help="study name (default: the only study in the storage)")
         cmd.set_defaults(func=globals()[func])
+
+    from autotune.study_tools import add_commands
+
+    add_commands(sub)  # dashboard, report, worker
     return p
 
 
@@ -182,12 +186,14 @@ def cmd_run(args) -> int:
     from autotune.objectives.base import get_runner
     from autotune.search.driver import run_study
     from autotune.storage.results import export_best, summary, write_result_json
-    from autotune.ui import print_best_table, trial_line
+    from autotune.progress import RunProgress
+    from autotune.ui import print_best_table
 
     cfg = build_tune_config(args)
     runner = get_runner(cfg.backend)
-    on_trial = None if args.quiet else (lambda t: print(trial_line(t)))
-    study = run_study(cfg, runner, on_trial=on_trial)
+    with RunProgress(cfg.trials, study_name=cfg.study_name, simulated=runner.simulated,
+                     warmup_steps=cfg.probe.warmup_steps, quiet=args.quiet) as progress:
+        study = run_study(cfg, runner, on_trial=progress.on_trial, on_step=progress.on_step)
     doc = summary(study, cfg.storage_url)
     if doc["best"] is not None:
         best_yaml = export_best(study, cfg.out_dir)

@@ -30,6 +30,7 @@ from autotune.spaces.constraints import Violation, check
 from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import SearchSpace, verl_default_candidate
 from autotune.storage.records import set_constraints
+from autotune.storage.settings import ATTR as SETTINGS_ATTR, search_settings
 from autotune.storage.urls import open_storage
 from autotune.workload import Workload
 
@@ -41,6 +42,7 @@ class StudyContext:
     cfg: TuneConfig
     space: SearchSpace
     runner: ProbeRunner
+    on_step: Callable[[int, int, float], None] | None = None  # (trial, step, tokens/s/GPU), for progress
 
 
 def study_identity(cfg: TuneConfig) -> dict:
@@ -60,6 +62,7 @@ def open_study(cfg: TuneConfig) -> optuna.Study:
     stored = study.user_attrs.get("identity")
     if stored is None:
         study.set_user_attr("identity", identity)
+        study.set_user_attr(SETTINGS_ATTR, search_settings(cfg))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(["tokens_per_s_per_gpu", "peak_mem_gib"][:len(directions)])
@@ -182,14 +185,15 @@ def budget_left(cfg: TuneConfig, study: optuna.Study, started_s: float) -> str |
     return None
 
 
-def run_study(cfg: TuneConfig, runner: ProbeRunner, *, on_trial: TrialCallback | None = None) -> optuna.Study:
+def run_study(cfg: TuneConfig, runner: ProbeRunner, *, on_trial: TrialCallback | None = None,
+              on_step: Callable[[int, int, float], None] | None = None) -> optuna.Study:
     """Run trials until the study holds `cfg.trials` finished ones or the budget ends (a second run resumes)."""
     space = build_space(cfg)
     study = open_study(cfg)
     fail_dead_local_trials(study)
     enqueue_baseline(study, cfg, space)
     enqueue_warm_start(study, cfg, space)
-    ctx = StudyContext(cfg=cfg, space=space, runner=runner)
+    ctx = StudyContext(cfg=cfg, space=space, runner=runner, on_step=on_step)
     started_s = time.monotonic()
     while finished_count(study) < cfg.trials:
         stop = budget_left(cfg, study, started_s)
@@ -222,8 +226,9 @@ def _run_trial(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial) -> N
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         candidate, workload = ctx.space.suggest(trial, cfg.workload)
-    trial.set_user_attr("host", socket.gethostname())
+    # pid before host: a worker starting now fails RUNNING trials of this host whose pid is dead (or missing)
     trial.set_user_attr("pid", os.getpid())
+    trial.set_user_attr("host", socket.gethostname())
     trial.set_user_attr("backend", cfg.backend)
     trial.set_user_attr("candidate", candidate.as_params())
     if cfg.tune_workload:  # opted-in workload knobs: recorded even when equal to the user's value
@@ -299,6 +304,8 @@ def _probe(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial, candidat
     multi = len(study.directions) == 2
 
     def report(step: int, tokens_per_s_per_gpu: float) -> bool:
+        if ctx.on_step:
+            ctx.on_step(trial.number, step, tokens_per_s_per_gpu)
         if multi:  # Optuna prunes single-objective studies only
             return False
         trial.report(tokens_per_s_per_gpu, step)

@@ -31,10 +31,11 @@ class TrialRecord:
     peak_mem_gib: float | None
     baseline: bool
     phase_s: dict
+    feasible: bool = True  # user attr `feasible` (False: a violated constraint, whatever the state says)
 
     @property
     def feasible_measurement(self) -> bool:
-        return self.state in MEASURED_STATES and self.tokens_per_s_per_gpu is not None
+        return self.feasible and self.state in MEASURED_STATES and self.tokens_per_s_per_gpu is not None
 
     @classmethod
     def of(cls, t: FrozenTrial) -> "TrialRecord":
@@ -44,7 +45,7 @@ class TrialRecord:
         return cls(number=t.number, optuna_state=t.state.name, state=state, reason=ua.get("reason", ""),
                    params=dict(t.params), tokens_per_s_per_gpu=ua.get("tokens_per_s_per_gpu"), mfu=ua.get("mfu"),
                    peak_mem_gib=ua.get("peak_mem_gib"), baseline=bool(ua.get("baseline")),
-                   phase_s=ua.get("phase_s") or {})
+                   phase_s=ua.get("phase_s") or {}, feasible=ua.get("feasible") is not False)
 
 
 def set_constraints(trial: optuna.Trial, *, rules: float = 0.0, memory: float = 0.0) -> None:

@@ -10,6 +10,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 
 from autotune.errors import ConfigError, StorageError
+from autotune.storage.journal import check_journal_url, is_journal_url, open_journal_storage
 
 DB_FILENAME = "autotune.db"
 
@@ -20,6 +21,8 @@ def default_storage_url(out_dir: Path) -> str:
 
 def check_storage_url(url: str) -> str:
     """Parse the URL and make sure its driver is importable; never touches the database."""
+    if is_journal_url(url):
+        return check_journal_url(url)
     try:
         parsed = make_url(url)
     except ArgumentError:
@@ -39,8 +42,10 @@ def check_storage_url(url: str) -> str:
     return url
 
 
-def open_storage(url: str) -> optuna.storages.RDBStorage:
+def open_storage(url: str) -> optuna.storages.BaseStorage:
     """Connect (creating Optuna's tables on first use); a failure is one StorageError line."""
+    if is_journal_url(url):
+        return open_journal_storage(url)
     check_storage_url(url)
     backend = make_url(url).get_backend_name()
     # SQLite: wait for a lock held by another process instead of failing at once.
