@@ -24,7 +24,8 @@ from autotune.objectives.base import ProbePruned, ProbeRequest, ProbeResult, Pro
 from autotune.objectives.memory import estimate_memory
 from autotune.search.prescreen import MemoryGate, inferred_oom, known_fit, memory_ratio
 from autotune.search.sampler import make_pruner, make_sampler
-from autotune.search.warmstart import rank_space
+from autotune.search.warmstart import PhaseCorrection, Ranked, predicted, rank_space
+from autotune.storage.records import best_records
 from autotune.spaces.candidate import Candidate
 from autotune.spaces.constraints import Violation, check
 from autotune.spaces.layout import ParallelLayout
@@ -155,6 +156,41 @@ def enqueue_warm_start(study: optuna.Study, cfg: TuneConfig, space: SearchSpace)
     return len(ranked)
 
 
+def propose_from_model(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> bool:
+    """Enqueue the recalibrated model's best untried candidate (every other trial after the warm start).
+
+    The model's per-phase time error is measured by the probes so far (PhaseCorrection); its corrected
+    ranking, polished from the best measured points, proposes the next probe, and TPE proposes the one
+    after. Returns True when something was enqueued.
+    """
+    trials = study.get_trials(deepcopy=False)
+    if not cfg.search.warm_start or any(t.state == TrialState.WAITING for t in trials):
+        return False
+    if not any(t.user_attrs.get("state") in ("measured", "simulated") for t in trials):
+        return False
+    last = trials[-1] if trials else None
+    if last is not None and last.user_attrs.get("model_proposal"):
+        return False  # alternate with the sampler
+    tried = {tuple(sorted(t.user_attrs["candidate"].items())) for t in trials if "candidate" in t.user_attrs}
+    gate = MemoryGate.of(study)
+    correction = PhaseCorrection.from_study(study, cfg)
+    starts = []
+    for rec in best_records(study, k=3):
+        cand = Candidate.from_params(study.trials[rec.number].user_attrs["candidate"])
+        score = predicted(cfg, cand, cfg.workload, gate, correction=correction)
+        if score is not None:
+            starts.append(Ranked(score, cand, cfg.workload))
+    ranked = rank_space(cfg, space, gate, samples=1000, keep=6, seed=len(trials), correction=correction,
+                        starts=starts)
+    for r in ranked:
+        if tuple(sorted(r.candidate.as_params().items())) not in tried:
+            study.enqueue_trial(space.params_of(r.candidate, r.workload),
+                                user_attrs={"model_proposal": True,
+                                            "predicted_tokens_per_s_per_gpu": r.predicted_tokens_per_s_per_gpu})
+            return True
+    return False
+
+
 def finished_count(study: optuna.Study) -> int:
     return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)))
 
@@ -200,6 +236,8 @@ def run_study(cfg: TuneConfig, runner: ProbeRunner, *, on_trial: TrialCallback |
         if stop:
             study.set_user_attr("stopped_by", stop)
             break
+        if not cfg.tune_workload:
+            propose_from_model(study, cfg, space)
         trial = study.ask()
         try:
             _run_trial(ctx, study, trial)
