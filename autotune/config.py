@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -25,6 +26,9 @@ from autotune.errors import ConfigError
 from autotune.hardware import GpuSpec
 from autotune.models import ModelSpec
 from autotune.workload import Workload
+
+if TYPE_CHECKING:
+    from autotune.spaces.candidate import Candidate
 
 TUNE_YAML_KEYS = {"model", "gpu", "workload", "fixed", "ranges", "tune_workload", "probe", "search", "budget"}
 PROBE_KEYS = {"warmup_steps", "timed_steps"}
@@ -123,6 +127,11 @@ class TuneConfig:
     probe: ProbeBudget
     search: SearchOptions = field(default_factory=SearchOptions)
     budget: Budget = field(default_factory=Budget)
+    # from the user's own job (--from): their system values, measured first, and every key autotune does not
+    # model, exported unchanged
+    baseline: "Candidate | None" = None
+    passthrough: dict = field(default_factory=dict)
+    source: str | None = None
 
     @property
     def world_size(self) -> int:

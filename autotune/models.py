@@ -141,10 +141,28 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 
+# Same architecture and shape as a table entry (each config.json compared field by field).
+_ALIASES = {
+    "qwen2.5-0.5b": ("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2-0.5B-Instruct", "Qwen/Qwen2-0.5B"),
+    "qwen2.5-1.5b": ("Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-Math-1.5B", "Qwen/Qwen2-1.5B-Instruct"),
+    "qwen2.5-3b": ("Qwen/Qwen2.5-3B",),
+    "qwen2.5-7b": ("Qwen/Qwen2.5-7B", "Qwen/Qwen2-7B-Instruct", "Qwen/Qwen2-7B", "Qwen/Qwen2.5-Math-7B",
+                   "Qwen/Qwen2.5-Coder-7B-Instruct", "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"),
+    "qwen2.5-14b": ("Qwen/Qwen2.5-14B", "Qwen/Qwen2.5-Coder-14B-Instruct", "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"),
+    "qwen2.5-32b": ("Qwen/Qwen2.5-32B", "Qwen/Qwen2.5-Coder-32B-Instruct", "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B"),
+    "qwen2.5-72b": ("Qwen/Qwen2.5-72B", "Qwen/Qwen2-72B-Instruct", "Qwen/Qwen2-72B"),
+    "qwen3-8b": ("Qwen/Qwen3-8B-Base",),
+    "llama-3.1-8b": ("meta-llama/Meta-Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B"),
+}
+
+
 def get_model(name: str) -> ModelSpec:
-    """Exact (case-insensitive) lookup by autotune key or HF id; a miss lists the choices."""
-    key = name.strip().lower()
+    """Exact (case-insensitive) lookup by autotune key, HF id or a path ending in one; a miss lists the choices."""
+    key = name.strip().rstrip("/").lower()
     for spec in MODELS.values():
-        if key in (spec.name, spec.hf_id.lower(), spec.hf_id.lower().removesuffix("-instruct")):
+        ids = [spec.hf_id.lower()] + [a.lower() for a in _ALIASES.get(spec.name, ())]
+        names = {spec.name} | set(ids) | {i.removesuffix("-instruct") for i in ids}
+        basenames = {i.split("/")[-1] for i in names}
+        if key in names or key.split("/")[-1] in basenames:
             return spec
     raise ConfigError(f"unknown model {name!r}; known models: {', '.join(MODELS)} (see `autotune models`)")

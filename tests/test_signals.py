@@ -20,9 +20,11 @@ def test_signal_stops_the_study_cleanly(tmp_path, sig):
     db = out / "autotune.db"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        if db.exists() and len(optuna.load_study(study_name="qwen2.5-7b-1x8-sim",
-                                                 storage=f"sqlite:///{db}").trials) >= 5:
-            break
+        try:
+            if db.exists() and len(optuna.load_study(study_name="qwen2.5-7b-1x8-sim", storage=f"sqlite:///{db}").trials) >= 5:
+                break
+        except KeyError:  # the database exists before the study does
+            pass
         time.sleep(0.3)
     proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=60)

@@ -36,6 +36,7 @@ class ProbeRequest:
     trial_number: int = 0
     warmup_steps: int = 1
     timed_steps: int = 2
+    passthrough: dict = field(default_factory=dict)  # the user's other verl keys, exported unchanged
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -67,7 +67,7 @@ def probe_command(request: ProbeRequest, *, python: str = sys.executable) -> tup
     run_dir.mkdir(parents=True, exist_ok=True)
     metrics_path = run_dir / "metrics.jsonl"
     overrides = verl_overrides(request.model, request.workload, request.candidate, gpus_per_node=request.n_gpus,
-                               nodes=request.nodes)
+                               nodes=request.nodes, passthrough=request.passthrough)
     engine = model_engine(request.candidate)
     header = [f"autotune probe config for trial {request.trial_number} (same writer as best.yaml)"]
     (run_dir / f"{PROBE_CONFIG_NAME}.yaml").write_text(best_yaml_text(overrides, engine, header))

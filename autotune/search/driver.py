@@ -49,7 +49,8 @@ class StudyContext:
 def study_identity(cfg: TuneConfig) -> dict:
     """What a study was created for; resuming with anything else is refused."""
     return {"model": cfg.model.name, "gpus_per_node": cfg.gpus_per_node, "nodes": cfg.nodes, "gpu": cfg.gpu.name,
-            "backend": cfg.backend, "workload": asdict(cfg.workload), "objective": cfg.search.objective}
+            "backend": cfg.backend, "workload": asdict(cfg.workload), "objective": cfg.search.objective,
+            "passthrough": cfg.passthrough, "source": cfg.source}
 
 
 def open_study(cfg: TuneConfig) -> optuna.Study:
@@ -134,11 +135,21 @@ def enqueue_baseline(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -
     """verl's default configuration as the first trial, so every report shows the gain over it."""
     if any(t.user_attrs.get("baseline") for t in study.get_trials(deepcopy=False)):
         return False
-    base = verl_default_candidate(cfg.model, cfg.workload, gpus_per_node=cfg.gpus_per_node, nodes=cfg.nodes)
+    base = cfg.baseline or verl_default_candidate(cfg.model, cfg.workload, gpus_per_node=cfg.gpus_per_node,
+                                                  nodes=cfg.nodes)
     base = replace(base, **{k: v for k, v in cfg.fixed.items()})
     params = space.params_of(base, cfg.workload)
     if not space.contains(params):
-        return False
+        # the user's own values may lie outside the sampled sets (e.g. gpu_memory_utilization 0.55): widen the
+        # affected choice lists rather than skip the baseline every report compares against
+        if cfg.baseline is None:
+            return False
+        for name, value in params.items():
+            dom = space.domains.get(name)
+            if dom is not None and not dom.contains(value) and dom.choices:
+                space.domains[name] = type(dom)(choices=tuple(dom.choices) + (value,))
+            elif dom is not None and not dom.contains(value):
+                return False
     study.enqueue_trial(params, user_attrs={"baseline": True})
     return True
 
@@ -336,6 +347,7 @@ def _probe(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial, candidat
         run_dir.mkdir(parents=True, exist_ok=True)
     trial.set_user_attr("run_dir", str(run_dir.resolve()))
     request = ProbeRequest(model=cfg.model, gpu=cfg.gpu, n_gpus=cfg.gpus_per_node, nodes=cfg.nodes,
+                           passthrough=cfg.passthrough,
                            workload=workload, candidate=candidate, run_dir=run_dir, trial_number=trial.number,
                            warmup_steps=cfg.probe.warmup_steps, timed_steps=cfg.probe.timed_steps)
 

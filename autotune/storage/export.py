@@ -116,8 +116,13 @@ def candidate_overrides(c: Candidate, *, use_kl_loss: bool = True) -> dict:
 
 
 def verl_overrides(model: ModelSpec, workload: Workload, candidate: Candidate, *, gpus_per_node: int,
-                   nodes: int) -> dict:
-    out = workload_overrides(model, workload, gpus_per_node=gpus_per_node, nodes=nodes)
+                   nodes: int, passthrough: dict | None = None) -> dict:
+    """The user's other keys first (unchanged), then the workload, then the chosen system knobs."""
+    out = dict(passthrough or {})
+    for key, value in workload_overrides(model, workload, gpus_per_node=gpus_per_node, nodes=nodes).items():
+        # the user's own value wins (a local model folder, another advantage estimator or rollout engine);
+        # keys that map to Workload fields never reach passthrough, their values are the user's already
+        out.setdefault(key, value)
     out.update(candidate_overrides(candidate, use_kl_loss=workload.use_kl_loss))
     return out
 

@@ -99,7 +99,8 @@ def export_best(study: optuna.Study, out_dir: Path) -> Path:
     candidate = Candidate.from_params(attrs["candidate"])
     workload = workload_of(identity, attrs)
     gpn, nodes = identity["gpus_per_node"], identity["nodes"]
-    overrides = verl_overrides(model, workload, candidate, gpus_per_node=gpn, nodes=nodes)
+    overrides = verl_overrides(model, workload, candidate, gpus_per_node=gpn, nodes=nodes,
+                               passthrough=identity.get("passthrough") or {})
     base = baseline_record(study)
     header = export_header(model=model, gpu_name=get_gpu(identity["gpu"]).name, gpus_per_node=gpn, nodes=nodes,
                            backend=identity["backend"], simulated=bool(attrs.get("simulated")),

@@ -1,0 +1,122 @@
+"""From the user's own verl job (a launch script or a YAML config) to autotune's terms.
+
+The imported job is split with the knob table (autotune/knobs.py): workload values become the Workload
+held fixed, system values become the baseline Candidate (measured first), the GPU count comes from the
+trainer keys, and every other key is passed through to the export unchanged, typed exactly as Hydra
+would type the override. Anything that cannot be read statically is reported by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from autotune.errors import ConfigError
+from autotune.knobs import ARO, JOB_KEYS, SYSTEM_BY_KEY, WORKLOAD_BY_KEY, kind_of
+from autotune.models import ModelSpec, get_model
+from autotune.spaces.candidate import Candidate
+from autotune.workload import Workload
+
+# verl's deprecated global micro-batch keys (actor.py:195-220): per-GPU value = global / world size.
+DEPRECATED_GLOBAL_MICRO = {
+    f"{ARO}.actor.ppo_micro_batch_size": "ppo_micro_batch_size_per_gpu",
+    f"{ARO}.rollout.log_prob_micro_batch_size": "log_prob_micro_batch_size_per_gpu",
+    f"{ARO}.ref.log_prob_micro_batch_size": "ref_log_prob_micro_batch_size_per_gpu",
+}
+
+
+# verl 0.9.1's own defaults for the workload keys a script may leave out (legacy_data.yaml, actor.yaml,
+# rollout.yaml): the imported workload starts from these, not from autotune's GSM8K defaults.
+VERL_DEFAULT_WORKLOAD = Workload(train_batch_size=1024, ppo_mini_batch_size=256, rollout_n=1, max_prompt_length=512,
+                                 max_response_length=512, ppo_epochs=1, use_kl_loss=False, lora_rank=0,
+                                 train_files="~/data/rlhf/gsm8k/train.parquet",
+                                 val_files="~/data/rlhf/gsm8k/test.parquet")
+
+
+@dataclass(frozen=True)
+class UserJob:
+    source: str
+    model: ModelSpec
+    gpus_per_node: int | None
+    nodes: int | None
+    workload: Workload
+    baseline: Candidate  # the user's system knobs over verl's defaults
+    passthrough: dict  # every other key, typed as Hydra types it
+    unresolved: tuple[str, ...]
+
+
+def hydra_value(key: str, text: str):
+    """The value Hydra's override grammar gives `key=text` (lists, numbers, booleans, null, strings)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return OverridesParser.create().parse_override(f"{key}={text}").value()
+    except Exception as exc:  # hydra raises OverrideParseException and friends
+        raise ConfigError(f"cannot read {key}={text!r} as a Hydra value: {str(exc).splitlines()[0]}") from None
+
+
+_FIELD_TYPES = {f.name: f.type for f in fields(Candidate)} | {f.name: f.type for f in fields(Workload)}
+
+
+def _typed(field: str, key: str, value):
+    expected = _FIELD_TYPES[field]
+    if expected == "bool" and isinstance(value, bool) or expected == "str" and isinstance(value, str):
+        return value
+    if expected == "int" and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if expected == "float" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if expected.startswith("int") and value is None and field == "actor_vpp":
+        return 1  # verl's null means no virtual pipeline
+    raise ConfigError(f"{key}={value!r}: expected {expected} for {field}")
+
+
+def user_job(imported, *, model_name: str | None = None) -> UserJob:
+    """Split an ImportedJob (autotune/launch_script.py) into workload, baseline and passthrough."""
+    values = {k: hydra_value(k.lstrip("+~"), v) for k, v in imported.overrides.items() if not k.startswith("~")}
+    unresolved = list(imported.unresolved)
+    unresolved += [f"{k} (deletion cannot be exported)" for k in imported.overrides if k.startswith("~")]
+    if imported.config_name not in (None, "ppo_trainer", "ppo_megatron_trainer"):
+        unresolved.append(f"--config-name={imported.config_name} (only verl's ppo_trainer is read)")
+    path = values.get(f"{ARO}.model.path")
+    name = model_name or (path if isinstance(path, str) else None)
+    if not name:
+        raise ConfigError(f"{imported.source}: actor_rollout_ref.model.path is not set or not readable statically "
+                          f"(unresolved: {', '.join(imported.unresolved) or 'none'}); pass --model")
+    model = get_model(name)
+    workload_changes, candidate_changes, passthrough = {}, {}, {}
+    for key, value in values.items():
+        bare = key.lstrip("+")
+        kind = kind_of(bare)
+        if kind == "workload" and WORKLOAD_BY_KEY[bare].field:
+            workload_changes[WORKLOAD_BY_KEY[bare].field] = _typed(WORKLOAD_BY_KEY[bare].field, key, value)
+        elif kind == "system" and SYSTEM_BY_KEY[bare].field:
+            field = SYSTEM_BY_KEY[bare].field
+            candidate_changes[field] = (value if field == "actor_engine" else _typed(field, key, value))
+        elif bare == "model_engine":
+            if value == "megatron":
+                candidate_changes["actor_engine"] = "megatron"
+        elif kind in ("system",) or bare in JOB_KEYS or bare in DEPRECATED_GLOBAL_MICRO:
+            continue
+        else:
+            passthrough[bare] = value
+    gpn, nodes = values.get("trainer.n_gpus_per_node"), values.get("trainer.nnodes")
+    for key, field in DEPRECATED_GLOBAL_MICRO.items():
+        if key in values and isinstance(gpn, int):
+            world = gpn * (nodes if isinstance(nodes, int) else 1)
+            candidate_changes.setdefault(field, max(int(values[key]) // world, 1))
+    if "CUDA_DEVICE_MAX_CONNECTIONS" in imported.env and candidate_changes.get("actor_engine") == "megatron":
+        candidate_changes.setdefault("cuda_device_max_connections", int(imported.env["CUDA_DEVICE_MAX_CONNECTIONS"]))
+    if candidate_changes.get("actor_engine") != "megatron":
+        candidate_changes["cuda_device_max_connections"] = 0
+    if not candidate_changes.get("use_dynamic_bsz") and "ppo_micro_batch_size_per_gpu" not in candidate_changes:
+        unresolved.append("actor.ppo_micro_batch_size_per_gpu (not set: verl refuses to start without it; the "
+                          "baseline uses the quickstart's 4)")
+    try:
+        workload = replace(VERL_DEFAULT_WORKLOAD, **workload_changes)
+        baseline = Candidate(**candidate_changes)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{imported.source}: {exc}") from None
+    return UserJob(source=imported.source, model=model,
+                   gpus_per_node=gpn if isinstance(gpn, int) else None,
+                   nodes=nodes if isinstance(nodes, int) else None, workload=workload, baseline=baseline,
+                   passthrough=passthrough, unresolved=tuple(unresolved))
