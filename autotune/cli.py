@@ -59,7 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="search for the fastest configuration and export it")
     run.add_argument("--model", help="model name (see `autotune models`); or `model:` in tune.yaml")
-    run.add_argument("--gpus", type=_int, required=True, help="GPUs per node")
+    run.add_argument("--gpus", type=_int, help="GPUs per node (default: the --from job's trainer.n_gpus_per_node)")
+    run.add_argument("--from", dest="from_job", type=Path,
+                     help="your verl launch script (.sh) or config (.yaml): its workload is held fixed, its system "
+                          "knobs are the baseline; extra Hydra overrides may follow after --")
+    run.add_argument("--tune-workload", action="append", default=[], metavar="KNOB",
+                     help="opt in to tuning a workload knob (ppo_mini_batch_size); the export says so")
+    run.add_argument("overrides", nargs="*", help=argparse.SUPPRESS)
     run.add_argument("--nodes", type=_int, default=1, help="nodes (default 1)")
     run.add_argument("--backend", default="auto", help="sim | torch | verl | auto (default: auto)")
     run.add_argument("--trials", type=_positive_int, default=40,
@@ -82,6 +88,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="kill the run when no step finishes for this many seconds (default 21600)")
     train.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. trainer.total_epochs=3")
     train.set_defaults(func=cmd_train)
+
+    est = sub.add_parser("estimate", help="predict one configuration: rules, memory by component, time by phase",
+                         description="Evaluates your job without searching, with the calibrated model (SIMULATED).")
+    est.add_argument("--from", dest="from_job", type=Path, required=True, help="verl launch script or YAML config")
+    est.add_argument("--gpus", type=_int, help="GPUs per node (default: the job's trainer.n_gpus_per_node)")
+    est.add_argument("--nodes", type=_int, help="nodes (default: the job's trainer.nnodes)")
+    est.add_argument("--gpu", help="GPU type (default: detected, else H200)")
+    est.add_argument("--model", help="model name when the job's model.path is not readable")
+    est.add_argument("--json", action="store_true", help="machine-readable output")
+    est.add_argument("overrides", nargs="*", help=argparse.SUPPRESS)
+    est.set_defaults(func=cmd_estimate)
 
     models = sub.add_parser("models", help="list the known models and their shapes")
     models.set_defaults(func=cmd_models)
@@ -140,7 +157,7 @@ def _check_out_dir(out: str) -> Path:
 
 def build_tune_config(args):
     """Validate everything the user gave, without touching storage."""
-    from autotune.config import TuneConfig, check_study_name, default_study_name, load_tune_yaml
+    from autotune.config import TuneConfig, TuneYaml, check_study_name, default_study_name, load_tune_yaml
     from autotune.hardware import DEFAULT_GPU, detect_gpus, get_gpu, match_device_name
     from autotune.models import get_model
     from autotune.objectives.select import choose_backend
@@ -148,15 +165,24 @@ def build_tune_config(args):
     from autotune.search.feasibility import require_fit
     from autotune.storage.urls import check_storage_url, default_storage_url
 
-    if args.gpus < 1:
-        raise ConfigError(f"--gpus must be at least 1, but got --gpus {args.gpus}")
+    tune = load_tune_yaml(args.config)
+    job = load_user_job(args.from_job, args.overrides, args.model or tune.model) if args.from_job else None
+    if args.overrides and job is None:
+        raise ConfigError(f"unexpected arguments {args.overrides}; Hydra overrides need --from")
+    if job is not None and args.config and tune.workload != TuneYaml().workload:
+        raise ConfigError("the workload comes from --from; remove `workload:` from tune.yaml")
+    gpus = args.gpus if args.gpus is not None else (job.gpus_per_node if job else None)
+    if gpus is None:
+        raise ConfigError("--gpus is required (GPUs per node)")
+    if gpus < 1:
+        raise ConfigError(f"--gpus must be at least 1, but got --gpus {gpus}")
+    args.gpus = gpus
     if args.nodes < 1:
         raise ConfigError(f"--nodes must be at least 1, but got --nodes {args.nodes}")
-    tune = load_tune_yaml(args.config)
-    model_name = args.model or tune.model
+    model_name = args.model or tune.model or (job.model.name if job else None)
     if not model_name:
         raise ConfigError("--model is required (or `model:` in tune.yaml); see `autotune models`")
-    model = get_model(model_name)
+    model = job.model if job is not None and not (args.model or tune.model) else get_model(model_name)
     detected = detect_gpus()
     choice = choose_backend(args.backend, detected)
     if choice.name != "sim" and detected is not None and args.nodes == 1 and args.gpus > detected.count:
@@ -171,15 +197,66 @@ def build_tune_config(args):
     out_dir = _check_out_dir(args.out)
     storage_url = check_storage_url(args.storage or default_storage_url(out_dir))
     study = check_study_name(args.study or default_study_name(model, args.gpus, args.nodes, choice.name))
+    tune_workload = tuple(dict.fromkeys(tune.tune_workload + tuple(args.tune_workload)))
     cfg = TuneConfig(model=model, gpu=gpu, gpus_per_node=args.gpus, nodes=args.nodes, backend=choice.name,
                      trials=args.trials, storage_url=storage_url, study_name=study, out_dir=out_dir, seed=args.seed,
-                     workload=tune.workload, fixed=tune.fixed, ranges=tune.ranges, tune_workload=tune.tune_workload,
-                     probe=tune.probe, search=tune.search, budget=tune.budget)
+                     workload=job.workload if job else tune.workload, fixed=tune.fixed, ranges=tune.ranges,
+                     tune_workload=tune_workload, probe=tune.probe, search=tune.search, budget=tune.budget,
+                     baseline=job.baseline if job else None, passthrough=job.passthrough if job else {},
+                     source=str(args.from_job) if job else None)
+    if job is not None:
+        print(f"read {args.from_job}: {model.name}, workload held fixed (train batch {job.workload.train_batch_size}, "
+              f"mini {job.workload.ppo_mini_batch_size}, n {job.workload.rollout_n}, prompt "
+              f"{job.workload.max_prompt_length}, response {job.workload.max_response_length}); your system knobs are "
+              f"the baseline; {len(job.passthrough)} other keys pass through")
+        for name in job.unresolved:
+            print(f"not read statically: {name}")
     build_space(cfg)  # validates fixed/ranges/tune_workload against the model and GPU count
     require_fit(model, gpu, cfg.workload, gpus_per_node=cfg.gpus_per_node, nodes=cfg.nodes)
     if choice.note:
         print(choice.note)
     return cfg
+
+
+def load_user_job(path: Path, overrides: list[str], model_name: str | None):
+    """The user's own verl job (launch script or YAML), plus Hydra overrides given after --."""
+    from dataclasses import replace
+
+    from autotune.job_import import user_job
+    from autotune.launch_script import import_config_yaml, import_launch_script
+
+    path = Path(path).expanduser()
+    imported = import_config_yaml(path) if path.suffix in (".yaml", ".yml") else import_launch_script(path, os.environ)
+    bad = [o for o in overrides if "=" not in o]
+    if bad:
+        raise ConfigError(f"overrides after -- must look like key=value, but got {bad[0]!r}")
+    if overrides:
+        extra = dict(o.split("=", 1) for o in overrides)
+        imported = replace(imported, overrides={**imported.overrides, **extra})
+    return user_job(imported, model_name=model_name)
+
+
+def cmd_estimate(args) -> int:
+    import json
+
+    from autotune.estimate import estimate, render
+    from autotune.hardware import DEFAULT_GPU, detect_gpus, get_gpu, match_device_name
+
+    job = load_user_job(args.from_job, args.overrides, args.model)
+    gpus = args.gpus if args.gpus is not None else job.gpus_per_node
+    nodes = args.nodes if args.nodes is not None else (job.nodes or 1)
+    if gpus is None or gpus < 1 or nodes < 1:
+        raise ConfigError("--gpus (GPUs per node, >= 1) is required when the job does not set trainer.n_gpus_per_node")
+    detected = detect_gpus()
+    gpu = get_gpu(args.gpu) if args.gpu else (match_device_name(detected.device_name) if detected and
+                                               match_device_name(detected.device_name) else get_gpu(DEFAULT_GPU))
+    result = estimate(job.model, gpu, job.workload, job.baseline, gpus_per_node=gpus, nodes=nodes)
+    if args.json:
+        print(json.dumps({**result.as_dict(), "source": str(args.from_job), "unresolved": list(job.unresolved)},
+                         indent=2, default=str))
+    else:
+        print(render(result, str(args.from_job), job.unresolved))
+    return 0
 
 
 def cmd_run(args) -> int:

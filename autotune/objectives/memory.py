@@ -100,7 +100,18 @@ class ActorState:
     gather_buffer: float  # unsharded FSDP units alive during compute (current + prefetched)
 
 
-def actor_state_bytes(model: ModelSpec, cand: Candidate, layout: ParallelLayout) -> ActorState:
+def lora_params(model: ModelSpec, rank: int) -> int:
+    """LoRA A and B matrices on every linear layer (verl's target_modules: all-linear), rank r each:
+    r x (in + out) per projection (q, k, v, o, gate, up, down; routed experts for MoE)."""
+    h, q, kv = model.hidden_size, model.q_dim, model.kv_dim
+    attn = (h + q) + 2 * (h + kv) + (q + h)
+    width = model.moe_intermediate_size if model.is_moe else model.intermediate_size
+    experts = model.num_experts if model.is_moe else 1
+    mlp = experts * 3 * (h + width)
+    return rank * model.num_layers * (attn + mlp)
+
+
+def actor_state_bytes(model: ModelSpec, cand: Candidate, layout: ParallelLayout, lora_rank: int = 0) -> ActorState:
     """Per-GPU bytes of actor parameters, gradients and Adam state as verl's engine shards them.
 
     FSDP (engine/fsdp.yaml): fp32 master parameters (model_dtype: fp32), fp32 gradients, fp32 Adam
@@ -113,8 +124,11 @@ def actor_state_bytes(model: ModelSpec, cand: Candidate, layout: ParallelLayout)
         shard = layout.world_size
         layer_params = model.attn_params_per_layer() + model.mlp_params_per_layer()
         largest_unit = max(layer_params, model.vocab_size * model.hidden_size)
-        return ActorState(weights=FP32 * n_total / shard, grads=FP32 * n_total / shard,
-                          optimizer=2 * FP32 * n_total / shard, gather_buffer=2 * BF16 * largest_unit)
+        # LoRA: the base is frozen (no gradients, no optimizer state); only the adapters train
+        trained = lora_params(model, lora_rank) if lora_rank else n_total
+        return ActorState(weights=FP32 * (n_total + (trained if lora_rank else 0)) / shard,
+                          grads=FP32 * trained / shard, optimizer=2 * FP32 * trained / shard,
+                          gather_buffer=2 * BF16 * largest_unit)
     expert_params = model.num_layers * model.mlp_params_per_layer() if model.is_moe else 0
     dense_params = n_total - expert_params
     per_rank = dense_params / (cand.actor_tp * cand.actor_pp)
@@ -172,10 +186,11 @@ def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Ca
                     layout: ParallelLayout, *, constants: ModelConstants = DEFAULT_CONSTANTS) -> MemoryEstimate:
     """Predicted peak per phase on the most loaded GPU, with the components of the worst phase."""
     k, act_c = constants, constants.activations
-    state = actor_state_bytes(model, cand, layout)
+    state = actor_state_bytes(model, cand, layout, workload.lora_rank)
     overhead = k.system.cuda_context_gib * GIB + (k.system.nccl_buffers_gib * GIB if layout.world_size > 1 else 0.0)
     frag = k.system.allocator_fragmentation
-    ref_weights = ref_weight_bytes(model, cand, layout)
+    # with LoRA verl computes reference log-probs with the actor's adapters disabled: no second model
+    ref_weights = 0.0 if workload.lora_rank else ref_weight_bytes(model, cand, layout)
     ref_resident = 0.0 if (cand.ref_param_offload or not workload.use_kl_loss) else ref_weights
     optim_resident = 0.0 if cand.optimizer_offload else state.optimizer
     weights_resident = 0.0 if cand.param_offload else state.weights

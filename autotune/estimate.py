@@ -1,0 +1,117 @@
+"""`autotune estimate`: one configuration, no search. verl's rule violations, predicted memory per GPU by
+component and phase against capacity, predicted time per phase, and how far the nearest fitting
+micro-batch, token budget or vLLM share is. All predictions are the calibrated model's (SIMULATED)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from autotune.hardware import GpuSpec
+from autotune.models import ModelSpec
+from autotune.objectives.cost import estimate_step_time
+from autotune.objectives.memory import estimate_memory
+from autotune.spaces.candidate import Candidate
+from autotune.spaces.constraints import check
+from autotune.spaces.layout import ParallelLayout
+from autotune.spaces.space import default_domains
+from autotune.workload import Workload
+
+# knob -> the phases whose memory it drives (memory is monotone in each; search/prescreen.py)
+LIMITING_KNOBS = {
+    "ppo_micro_batch_size_per_gpu": ("update_actor",),
+    "ppo_max_token_len_per_gpu": ("update_actor",),
+    "log_prob_micro_batch_size_per_gpu": ("old_log_prob",),
+    "ref_log_prob_micro_batch_size_per_gpu": ("ref",),
+    "log_prob_max_token_len_per_gpu": ("old_log_prob", "ref"),
+    "gpu_memory_utilization": ("rollout",),
+}
+
+
+@dataclass(frozen=True)
+class Estimate:
+    model: str
+    gpu: str
+    gpus_per_node: int
+    nodes: int
+    violations: list
+    capacity_gib: float
+    phase_peak_gib: dict
+    components_gib: dict
+    kv_cache_gib: float
+    kv_cache_needed_gib: float
+    fits: bool
+    phase_s: dict
+    step_s: float
+    tokens_per_s_per_gpu: float
+    mfu_actor: float
+    largest_fitting: dict  # knob -> (current value, largest value of its valid set that fits)
+    simulated: bool = True
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _applies(knob: str, cand: Candidate) -> bool:
+    if knob in ("ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu"):
+        return cand.use_dynamic_bsz
+    if knob.endswith("micro_batch_size_per_gpu"):
+        return not cand.use_dynamic_bsz
+    return True
+
+
+def estimate(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate, *, gpus_per_node: int,
+             nodes: int) -> Estimate:
+    layout = ParallelLayout.of(cand, workload, gpus_per_node=gpus_per_node, nodes=nodes)
+    violations = [{"rule": v.rule, "message": v.message, "enforced_by": v.enforced_by, "source": v.source}
+                  for v in check(model, workload, cand, layout)]
+    mem = estimate_memory(model, gpu, workload, cand, layout)
+    step = estimate_step_time(model, gpu, workload, cand, layout)
+    domains = default_domains(model, workload, world=layout.world_size, gpus_per_node=gpus_per_node)
+    largest = {}
+    for knob, phases in LIMITING_KNOBS.items():
+        if not _applies(knob, cand):
+            continue
+        dom = domains[knob]
+        values = dom.choices or [round(dom.low + dom.step * i, 4) for i in range(round((dom.high - dom.low) / dom.step) + 1)]
+        fitting = []
+        for value in sorted(set(values) | {getattr(cand, knob)}):
+            trial = cand.with_(**{knob: value})
+            m = estimate_memory(model, gpu, workload, trial, ParallelLayout.of(trial, workload, gpus_per_node=gpus_per_node,
+                                                                                nodes=nodes))
+            ok = all(m.phase_peak_gib.get(p, 0.0) <= m.capacity_gib for p in phases)
+            if knob == "gpu_memory_utilization":
+                ok = ok and m.kv_cache_fits
+            if ok:
+                fitting.append(value)
+        largest[knob] = {"current": getattr(cand, knob), "largest_fitting": max(fitting) if fitting else None}
+    return Estimate(model=model.name, gpu=gpu.name, gpus_per_node=gpus_per_node, nodes=nodes, violations=violations,
+                    capacity_gib=mem.capacity_gib, phase_peak_gib=mem.phase_peak_gib, components_gib=mem.components_gib,
+                    kv_cache_gib=mem.kv_cache_gib, kv_cache_needed_gib=mem.kv_cache_needed_gib, fits=mem.fits,
+                    phase_s=step.phase_s, step_s=step.step_s, tokens_per_s_per_gpu=step.tokens_per_s_per_gpu,
+                    mfu_actor=step.mfu_actor, largest_fitting=largest)
+
+
+def render(e: Estimate, source: str, unresolved: tuple[str, ...]) -> str:
+    lines = [f"{source}: {e.model} on {e.nodes} x {e.gpus_per_node} {e.gpu} ({e.capacity_gib:.1f} GiB each); "
+             "all figures SIMULATED by the calibrated model"]
+    for name in unresolved:
+        lines.append(f"  not read statically: {name}")
+    if e.violations:
+        lines.append("verl would refuse it:")
+        lines += [f"  {v['rule']}: {v['message']}  [{v['enforced_by']}: {v['source']}]" for v in e.violations]
+    else:
+        lines.append("verl's rules: all pass")
+    verdict = "fits" if e.fits else "PREDICTED OOM"
+    lines.append(f"memory per GPU (GiB), peak by phase, capacity {e.capacity_gib:.1f}: {verdict}")
+    for phase, gib in e.phase_peak_gib.items():
+        flag = "  <-- over" if gib > e.capacity_gib else ""
+        lines.append(f"  {phase:14s} {gib:7.1f}{flag}")
+    lines.append("  components: " + ", ".join(f"{k} {v:.1f}" for k, v in e.components_gib.items()))
+    kv_flag = "" if e.kv_cache_gib >= e.kv_cache_needed_gib else "  <-- too small: vLLM will not start"
+    lines.append(f"  vLLM KV cache {e.kv_cache_gib:.1f} GiB (one max-length sequence needs {e.kv_cache_needed_gib:.2f}){kv_flag}")
+    lines.append(f"time per step {e.step_s:.1f} s: " + ", ".join(f"{k} {v:.1f}" for k, v in e.phase_s.items())
+                 + f"; {e.tokens_per_s_per_gpu:.0f} tokens/s/GPU, actor MFU {e.mfu_actor:.3f}")
+    lines.append("nearest fitting (largest value of each memory knob that fits, others as given):")
+    for knob, v in e.largest_fitting.items():
+        lines.append(f"  {knob:40s} now {v['current']!s:>8}  largest fitting {v['largest_fitting']!s:>8}")
+    return "\n".join(lines)
