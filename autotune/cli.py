@@ -139,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("autotune: interrupted; finished trials are stored, run the same command to resume", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `autotune ... | head`: the reader left; nothing more to say
+        sys.stderr.close()
+        return 0
 
 
 # ---- run ------------------------------------------------------------------------------------------------

@@ -194,8 +194,9 @@ def load_tune_yaml(path: Path | None) -> TuneYaml:
     except TypeError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     for name in ("train_files", "val_files"):
-        if not isinstance(getattr(workload, name), str):
-            raise ConfigError(f"{path}: workload.{name} must be a path string, but got {getattr(workload, name)!r}")
+        value = getattr(workload, name)
+        if not (isinstance(value, str) or isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
+            raise ConfigError(f"{path}: workload.{name} must be a path or a list of paths, but got {value!r}")
     return TuneYaml(model=data.get("model"), gpu=data.get("gpu"), workload=workload,
                     fixed=_mapping(data.get("fixed"), "fixed"), ranges=_mapping(data.get("ranges"), "ranges"),
                     tune_workload=tuple(tune_workload), probe=probe, search=search, budget=budget)

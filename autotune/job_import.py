@@ -58,8 +58,15 @@ _FIELD_TYPES = {f.name: f.type for f in fields(Candidate)} | {f.name: f.type for
 
 
 def _typed(field: str, key: str, value):
+    if isinstance(value, str) and ("$" in value or "`" in value):
+        if field in ("train_files", "val_files"):
+            return value  # only exported, never modelled: kept as written (the importer reported the name)
+        raise ConfigError(f"{key} is not readable statically ({value}); give its value after --, e.g. "
+                          f"-- {key}=VALUE")
     expected = _FIELD_TYPES[field]
-    if expected == "bool" and isinstance(value, bool) or expected == "str" and isinstance(value, str):
+    if expected == "bool" and isinstance(value, bool) or expected.startswith("str") and isinstance(value, str):
+        return value
+    if expected == "str | list" and isinstance(value, list) and all(isinstance(v, str) for v in value):
         return value
     if expected == "int" and isinstance(value, int) and not isinstance(value, bool):
         return value
@@ -72,10 +79,21 @@ def _typed(field: str, key: str, value):
 
 def user_job(imported, *, model_name: str | None = None) -> UserJob:
     """Split an ImportedJob (autotune/launch_script.py) into workload, baseline and passthrough."""
-    values = {k: hydra_value(k.lstrip("+~"), v) for k, v in imported.overrides.items() if not k.startswith("~")}
     unresolved = list(imported.unresolved)
+    values = {}
+    for k, v in imported.overrides.items():
+        if k.startswith("~"):
+            continue
+        try:
+            values[k] = hydra_value(k.lstrip("+"), v)
+        except ConfigError:
+            if "$" not in v and "`" not in v:
+                raise
+            values[k] = v  # holds what the shell would compute at run time: kept verbatim, reported
+            unresolved.append(f"{k} (value {v!r} is computed by the shell at run time)")
     unresolved += [f"{k} (deletion cannot be exported)" for k in imported.overrides if k.startswith("~")]
-    if imported.config_name not in (None, "ppo_trainer", "ppo_megatron_trainer"):
+    config_name = (imported.config_name or "ppo_trainer").removesuffix(".yaml")
+    if config_name not in ("ppo_trainer", "ppo_megatron_trainer"):
         unresolved.append(f"--config-name={imported.config_name} (only verl's ppo_trainer is read)")
     path = values.get(f"{ARO}.model.path")
     name = model_name or (path if isinstance(path, str) else None)
@@ -84,6 +102,8 @@ def user_job(imported, *, model_name: str | None = None) -> UserJob:
                           f"(unresolved: {', '.join(imported.unresolved) or 'none'}); pass --model")
     model = get_model(name)
     workload_changes, candidate_changes, passthrough = {}, {}, {}
+    if config_name == "ppo_megatron_trainer":  # verl's shim: ppo_trainer with model_engine=megatron
+        candidate_changes["actor_engine"] = "megatron"
     for key, value in values.items():
         bare = key.lstrip("+")
         kind = kind_of(bare)

@@ -24,8 +24,8 @@ class Workload:
     ppo_epochs: int = 1
     use_kl_loss: bool = True  # GRPO's KL loss: needs a reference model and its log-prob pass
     lora_rank: int = 0
-    train_files: str = "~/data/gsm8k/train.parquet"
-    val_files: str = "~/data/gsm8k/test.parquet"
+    train_files: str | list = "~/data/gsm8k/train.parquet"  # verl takes one path or a list of paths
+    val_files: str | list = "~/data/gsm8k/test.parquet"
 
     def __post_init__(self) -> None:
         for name in ("train_batch_size", "ppo_mini_batch_size", "rollout_n", "max_prompt_length",

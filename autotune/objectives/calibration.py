@@ -29,6 +29,16 @@ class ActivationConstants:
     logits_transient_bytes: float
     # Forward-only log-prob pass: bf16 logits + fp32 upcast + fp32 log_softmax. fitted (logprob rows).
     logits_forward_bytes: float
+    # verl's engine computes log-probs with flash-attn's fused cross-entropy (fp32 only inside the kernel)
+    # and backward in place (verl/utils/torch_functional.py logprobs_from_logits, inplace_backward=True),
+    # so training keeps the bf16 logits and their bf16 gradient; forward passes also compute the entropy
+    # (softmax and product in bf16; workers/engine/fsdp/transformer_impl.py:1395-1407). From the code,
+    # not fitted: the calibration rows ran the naive fp32 log-softmax above.
+    verl_logits_retained_bytes: float = 2.0
+    verl_logits_transient_bytes: float = 0.0  # the gradient overwrites the logits in place
+    verl_logits_forward_bytes: float = 2.0
+    verl_entropy_bytes: float = 4.0  # softmax and its product with the logits, bf16, when not compiled
+    verl_entropy_compiled_bytes: float = 0.5  # torch.compile fuses them (use_torch_compile, on by default)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,7 +62,12 @@ class RolloutConstants:
     decode_step_overhead_s: float = 0.004  # scheduler + sampling + launch per step with CUDA graphs
     prefill_mfu: float = 0.45  # compute-bound prefill, 2N FLOPs per token
     tp_allreduce_latency_s: float = 8e-6  # per all-reduce, NVLink, small messages (NCCL tests)
-    activation_reserve_gib: float = 1.5  # vLLM's profiled activation peak inside gpu_memory_utilization
+    # vLLM's profile run (v1 gpu_worker.determine_available_memory) before sizing the KV cache: a forward of
+    # max_num_batched_tokens tokens; per token the widest transient tensors of one layer (q/k/v/o ~ 6h and
+    # gate/up/act ~ 3 x MLP width, bf16), split by TP, plus a fixed part (CUDA graphs' pool, workspaces).
+    activation_base_gib: float = 0.25
+    activation_bytes_per_token_h: float = 12.0  # 6 hidden-wide bf16 tensors
+    activation_bytes_per_token_i: float = 6.0  # 3 MLP-wide bf16 tensors
     sampler_logits_bytes: float = 4.0  # fp32 logits per sampled sequence per vocab entry
     sleep_residual_gib: float = 1.0  # CUDA graphs + allocator pool kept while vLLM sleeps (free_cache_engine)
     unchunked_prefill_stall: float = 1.0  # share of prefill time not overlapped with decode without chunking

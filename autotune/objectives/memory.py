@@ -75,13 +75,19 @@ def train_activation_bytes(model: ModelSpec, tokens: float, *, layers: float, ch
 
 
 def train_logits_bytes(model: ModelSpec, tokens: float, *, start_of_backward: bool,
-                       c: ActivationConstants = ACTIVATIONS) -> float:
-    per_vocab = c.logits_retained_bytes + (c.logits_transient_bytes if start_of_backward else 0.0)
-    return tokens * model.vocab_size * per_vocab
+                       c: ActivationConstants = ACTIVATIONS, verl: bool = False) -> float:
+    """Logits memory of a training micro-batch: the naive fp32 path the calibration rows ran, or verl's."""
+    retained = c.verl_logits_retained_bytes if verl else c.logits_retained_bytes
+    transient = c.verl_logits_transient_bytes if verl else c.logits_transient_bytes
+    return tokens * model.vocab_size * (retained + (transient if start_of_backward else 0.0))
 
 
-def forward_logits_bytes(model: ModelSpec, tokens: float, c: ActivationConstants = ACTIVATIONS) -> float:
-    return tokens * model.vocab_size * c.logits_forward_bytes
+def forward_logits_bytes(model: ModelSpec, tokens: float, c: ActivationConstants = ACTIVATIONS,
+                         verl: bool = False, compiled: bool = True) -> float:
+    if not verl:
+        return tokens * model.vocab_size * c.logits_forward_bytes
+    entropy = c.verl_entropy_compiled_bytes if compiled else c.verl_entropy_bytes
+    return tokens * model.vocab_size * (c.verl_logits_forward_bytes + entropy)
 
 
 def kv_bytes_per_token(model: ModelSpec, tp: int = 1) -> float:
@@ -173,13 +179,26 @@ def _vllm_weights_bytes(model: ModelSpec, rollout_tp: int) -> float:
     return BF16 * model.param_count() / rollout_tp
 
 
+def inference_bytes_per_token(model: ModelSpec, k: ModelConstants = DEFAULT_CONSTANTS) -> float:
+    """Transient bytes per token of one layer's forward without autograd (the widest bf16 tensors)."""
+    r = k.rollout
+    return r.activation_bytes_per_token_h * model.hidden_size + r.activation_bytes_per_token_i * mlp_width(model)
+
+
+def vllm_profile_bytes(model: ModelSpec, cand: Candidate, k: ModelConstants = DEFAULT_CONSTANTS) -> float:
+    """What vLLM's profile run reserves before sizing the KV cache: activations of one
+    max_num_batched_tokens forward (split by TP) and fp32 sampler logits of max_num_seqs rows."""
+    r = k.rollout
+    activations = r.activation_base_gib * GIB + cand.max_num_batched_tokens * inference_bytes_per_token(model, k) / cand.rollout_tp
+    sampler = cand.max_num_seqs * model.vocab_size * r.sampler_logits_bytes
+    return activations + sampler
+
+
 def vllm_kv_cache_bytes(model: ModelSpec, gpu: GpuSpec, cand: Candidate,
                         k: ModelConstants = DEFAULT_CONSTANTS) -> float:
-    """KV cache vLLM can allocate: its share minus weights, profiled activations and sampler logits."""
+    """KV cache vLLM can allocate: its share minus weights and what its profile run reserved."""
     share = cand.gpu_memory_utilization * gpu.mem_gib * GIB
-    activations = k.rollout.activation_reserve_gib * GIB
-    sampler = cand.max_num_seqs * model.vocab_size * k.rollout.sampler_logits_bytes
-    return share - _vllm_weights_bytes(model, cand.rollout_tp) - activations - sampler
+    return share - _vllm_weights_bytes(model, cand.rollout_tp) - vllm_profile_bytes(model, cand, k)
 
 
 def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate,
@@ -206,8 +225,9 @@ def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Ca
     # forward-only passes: one layer's activations + logits of a micro-batch
     def forward_pass(role: str, weights: float) -> float:
         tok = tokens_per_micro_batch(cand, workload, forward_only=True, role=role) / split
-        act = activation_bytes_per_token_per_layer(model, act_c) * tok
-        logits = forward_logits_bytes(model, tok, act_c) / vocab_split
+        # no autograd: only one layer's transient tensors live at a time, as in vLLM's profile forward
+        act = inference_bytes_per_token(model, k) * tok
+        logits = forward_logits_bytes(model, tok, act_c, verl=True, compiled=cand.use_torch_compile) / vocab_split
         return (weights + optim_resident + ref_resident * (role != "ref") + state.gather_buffer
                 + frag * (act + logits) + sleeping_vllm + overhead)
 
@@ -223,11 +243,18 @@ def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Ca
     act *= in_flight * vpp_extra  # 1F1B keeps up to PP micro-batches of L/PP layers on the first stage
     if cand.activation_offload:
         act = train_activation_bytes(model, tok, layers=1, checkpointing=False, c=act_c)  # one layer on GPU at a time
-    logits_start = train_logits_bytes(model, tok, start_of_backward=True, c=act_c) / vocab_split
-    logits_end = train_logits_bytes(model, tok, start_of_backward=False, c=act_c) / vocab_split
+    logits_start = train_logits_bytes(model, tok, start_of_backward=True, c=act_c, verl=True) / vocab_split
+    logits_end = train_logits_bytes(model, tok, start_of_backward=False, c=act_c, verl=True) / vocab_split
     static = state.weights + ref_resident + state.gather_buffer + sleeping_vllm + overhead
-    bwd_start = static + optim_resident + frag * (act + logits_start)
     layer_inputs = act_c.ckpt_per_h * model.hidden_size * tok * layers_on_rank  # kept until their layer's backward
+    if cand.gradient_checkpointing and not cand.activation_offload:
+        # the logits (and their in-place gradient) are gone once the LM head's backward has run, before the
+        # first layer is recomputed: the two peaks do not stack
+        recompute = activation_bytes_per_token_per_layer(model, act_c) * tok
+        bwd_start = static + optim_resident + frag * (layer_inputs * in_flight * vpp_extra
+                                                       + max(logits_start, recompute))
+    else:
+        bwd_start = static + optim_resident + frag * (act + logits_start)
     bwd_end = static + optim_resident + state.grads + frag * (logits_end + layer_inputs)
     opt_step = static + state.grads + state.optimizer
     update = max(bwd_start, bwd_end, opt_step)

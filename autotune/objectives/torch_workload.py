@@ -59,9 +59,8 @@ from torch.utils.checkpoint import checkpoint
 
 from autotune.hardware import GIB
 from autotune.models import ModelSpec, get_model
-from autotune.objectives.calibration import ROLLOUT
 from autotune.objectives.flops import mfu, train_flops
-from autotune.objectives.memory import kv_bytes_per_token
+from autotune.objectives.memory import kv_bytes_per_token, vllm_profile_bytes
 from autotune.objectives.torch_runner import (
     EXIT_ENVIRONMENT,
     EXIT_KV_CACHE_TOO_SMALL,
@@ -243,9 +242,8 @@ def rollout_weight_bytes(model: ModelSpec, rollout_tp: int = 1) -> float:
 def activation_reserve_bytes(model: ModelSpec, candidate: Candidate) -> float:
     """vLLM's profile run, subtracted before sizing the KV cache (v1 gpu_worker.determine_available_memory):
     activations of one max_num_batched_tokens forward plus fp32 sampler logits of max_num_seqs rows.
-    The same constants as the sim backend's memory model (objectives/calibration.py ROLLOUT)."""
-    sampler = candidate.max_num_seqs * model.vocab_size * ROLLOUT.sampler_logits_bytes
-    return ROLLOUT.activation_reserve_gib * GIB + sampler
+    The sim backend's own function (objectives/memory.py vllm_profile_bytes), so both agree."""
+    return vllm_profile_bytes(model, candidate)
 
 
 def kv_cache_budget_bytes(total_mem_bytes: float, model: ModelSpec, candidate: Candidate) -> float:

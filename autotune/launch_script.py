@@ -1,0 +1,804 @@
+"""Read an existing verl launch script or YAML config statically: nothing is executed.
+
+A launch script is bash calling `python3 -m verl.trainer.main_ppo key=value ...`. This module lexes the
+bash (quotes, line continuations, comments, here-documents, arrays), expands variables the way bash
+would, and returns the Hydra overrides as verl receives them. Whatever it cannot know without running
+the script (a `$(...)`, an unset variable, `"$@"`, a value set inside an `if`) is not guessed: the value
+keeps its source text and the name lands in `ImportedJob.unresolved`.
+
+Why not `shlex`: it drops the quote context that expansion needs (`'$HOME'` is literal, `"$HOME"` is
+not), splits `$(date +%Y)` into two words, and treats a `#` inside a word as a comment.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple, Union
+
+import yaml
+from omegaconf import OmegaConf
+
+from autotune.errors import ConfigError
+
+__all__ = ["ImportedJob", "LaunchScriptError", "import_config_yaml", "import_launch_script", "import_launch_text"]
+
+
+class LaunchScriptError(ConfigError):
+    """The script or config cannot be imported at all (one line, naming the file)."""
+
+
+@dataclass(frozen=True)
+class ImportedJob:
+    source: str                  # the file it came from
+    overrides: dict[str, str]    # dotted Hydra key ("+key"/"~key" kept) -> value as Hydra receives it; later wins
+    config_path: str | None      # --config-path / --config-name, if given
+    config_name: str | None
+    env: dict[str, str]          # variables assigned or exported before the command, with known values
+    unresolved: tuple[str, ...]  # what could not be read statically, by name, in order of appearance
+    # Override keys whose value depends on something in `unresolved`; their value keeps the source text
+    # of the unknown part (e.g. "$HOME/data/train.parquet").
+    unresolved_keys: tuple[str, ...] = ()
+
+    def resolved_overrides(self) -> dict[str, str]:
+        return {key: value for key, value in self.overrides.items() if key not in self.unresolved_keys}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Lexer: text -> words (made of parts) and operators
+
+class _Word(NamedTuple):
+    # parts: ("lit", text, quoted) | ("param", inner, quoted, source) | ("cmd", source, quoted)
+    #        | ("arith", expr, quoted, source) | ("array", words)
+    parts: tuple
+    offset: int
+
+
+class _Op(NamedTuple):
+    text: str
+    offset: int
+
+
+_OPERATORS = ("<<<", "&&", "||", ";;", ">>", ">&", "<&", "&>", "<<", "|", "&", ";", "<", ">", "(", ")", "\n")
+_SEPARATORS = {"\n", ";", ";;", "&&", "||", "&"}
+_REDIRECTIONS = {"<<<", ">>", ">&", "<&", "&>", "<<", "<", ">"}
+_NAME = re.compile(r"[A-Za-z_]\w*")
+_ASSIGNMENT = re.compile(r"([A-Za-z_]\w*)(\+?)=")
+_HEREDOC_DELIMITER = re.compile(r"-?[ \t]*(['\"]?)([^\s'\";|&<>()]+)\1")
+
+
+def _line(text: str, offset: int) -> int:
+    return text.count("\n", 0, offset) + 1
+
+
+class _WordBuilder:
+    def __init__(self) -> None:
+        self.parts: list = []
+        self.offset = -1
+
+    @property
+    def empty(self) -> bool:
+        return not self.parts
+
+    def add(self, part: tuple, offset: int) -> None:
+        if self.offset < 0:
+            self.offset = offset
+        last = self.parts[-1] if self.parts else None
+        if part[0] == "lit" and last and last[0] == "lit" and last[2] == part[2]:
+            self.parts[-1] = ("lit", last[1] + part[1], part[2])
+        else:
+            self.parts.append(part)
+
+    def assignment_prefix(self) -> bool:
+        """`NAME=` or `NAME+=` so far: a following `(` opens an array literal."""
+        return (len(self.parts) == 1 and self.parts[0][0] == "lit" and not self.parts[0][2]
+                and _ASSIGNMENT.fullmatch(self.parts[0][1]) is not None)
+
+    def fd_number(self) -> bool:
+        """Just digits so far: the file descriptor of a redirection like `2>&1`."""
+        return len(self.parts) == 1 and self.parts[0][0] == "lit" and self.parts[0][1].isdigit()
+
+    def flush(self, out: list) -> None:
+        if self.parts:
+            out.append(_Word(tuple(self.parts), self.offset))
+        self.parts, self.offset = [], -1
+
+
+class _Lexer:
+    def __init__(self, text: str, source: str) -> None:
+        self.text, self.source, self.i = text, source, 0
+        self.heredocs: list[tuple[str, int]] = []  # (delimiter, offset) of bodies that start after this line
+
+    def error(self, what: str, offset: int) -> LaunchScriptError:
+        return LaunchScriptError(f"{self.source}: line {_line(self.text, offset)}: {what}")
+
+    def tokens(self, closing: str | None = None, single_word: bool = False) -> list:
+        """Words and operators to the end of the text, or to `closing` (the `)` of an array literal).
+
+        `single_word` lexes the word of `${X:-word}`: blanks and operators are plain characters there.
+        """
+        text, out, word = self.text, [], _WordBuilder()
+        while self.i < len(text):
+            c, start = text[self.i], self.i
+            if c == "\\":
+                escaped = text[self.i + 1:self.i + 2]
+                if escaped != "\n":  # backslash-newline is a line continuation
+                    word.add(("lit", escaped or "\\", True), start)
+                self.i += 2
+            elif c == "'":
+                end = text.find("'", self.i + 1)
+                if end < 0:
+                    raise self.error("unterminated single quote", start)
+                word.add(("lit", text[self.i + 1:end], True), start)
+                self.i = end + 1
+            elif c == '"':
+                self._double_quoted(word)
+            elif c in "$`":
+                word.add(self._substitution(quoted=False), start)
+            elif single_word:
+                word.add(("lit", c, False), start)
+                self.i += 1
+            elif c in " \t":
+                word.flush(out)
+                self.i += 1
+            elif c == "#" and word.empty:
+                newline = text.find("\n", self.i)
+                self.i = len(text) if newline < 0 else newline
+            elif closing and c == closing:
+                word.flush(out)
+                self.i += 1
+                return out
+            elif (c == "~" and (word.empty or word.assignment_prefix())  # bash expands ~ in `X=~/a`, not in `a.b=~/a`
+                  and text[self.i + 1:self.i + 2] in ("/", "", " ", "\t", "\n")):
+                word.add(("param", "HOME", False, "~"), start)
+                self.i += 1
+            elif c == "(" and word.assignment_prefix():
+                self.i += 1
+                elements = tuple(t for t in self.tokens(closing=")") if isinstance(t, _Word))
+                word.add(("array", elements), start)
+            elif op := next((op for op in _OPERATORS if text.startswith(op, self.i)), None):
+                if op in _REDIRECTIONS and word.fd_number():
+                    word = _WordBuilder()
+                word.flush(out)
+                out.append(_Op(op, start))
+                self.i += len(op)
+                if op == "<<":
+                    out.append(self._heredoc_delimiter())
+                elif op == "\n":
+                    self._skip_heredoc_bodies()
+            else:
+                word.add(("lit", c, False), start)
+                self.i += 1
+        if closing:
+            raise self.error(f"unterminated array: no closing `{closing}`", len(text))
+        word.flush(out)
+        return out
+
+    def _double_quoted(self, word: _WordBuilder) -> None:
+        text, start, empty = self.text, self.i, True
+        self.i += 1
+        while self.i < len(text):
+            c = text[self.i]
+            empty = empty and c == '"'
+            if c == '"':
+                self.i += 1
+                if empty:  # "" is still a word, while "${EMPTY[@]}" is none
+                    word.add(("lit", "", True), start)
+                return
+            if c == "\\" and text[self.i + 1:self.i + 2] in ('"', "\\", "$", "`", "\n"):
+                if text[self.i + 1] != "\n":
+                    word.add(("lit", text[self.i + 1], True), self.i)
+                self.i += 2
+            elif c in "$`":
+                word.add(self._substitution(quoted=True), self.i)
+            else:
+                word.add(("lit", c, True), self.i)
+                self.i += 1
+        raise self.error("unterminated double quote", start)
+
+    def _substitution(self, *, quoted: bool) -> tuple:
+        text, i = self.text, self.i
+        if text[i] == "`":
+            end = i + 1
+            while end < len(text) and text[end] != "`":
+                end += 2 if text[end] == "\\" else 1
+            if end >= len(text):
+                raise self.error("unterminated backquote", i)
+            self.i = end + 1
+            return ("cmd", text[i:end + 1], quoted)
+        follower = text[i + 1:i + 2]
+        if follower == "(":
+            end = self._matching(i + 1, "(", ")")
+            self.i = end + 1
+            if text.startswith("((", i + 1) and self._matching(i + 2, "(", ")") == end - 1:
+                return ("arith", text[i + 3:end - 1], quoted, text[i:end + 1])
+            return ("cmd", text[i:end + 1], quoted)
+        if follower == "{":
+            end = self._matching(i + 1, "{", "}")
+            self.i = end + 1
+            return ("param", text[i + 2:end], quoted, text[i:end + 1])
+        if name := _NAME.match(text, i + 1):
+            self.i = name.end()
+            return ("param", name.group(), quoted, text[i:self.i])
+        if follower and follower in "@*#?$!-0123456789":
+            self.i = i + 2
+            return ("param", follower, quoted, text[i:self.i])
+        self.i = i + 1
+        return ("lit", "$", quoted)
+
+    def _matching(self, i: int, opening: str, closing: str) -> int:
+        """Offset of the bracket closing the one at `i`, skipping quoted text."""
+        text, depth, j = self.text, 0, i
+        while j < len(text):
+            c = text[j]
+            if c == "\\":
+                j += 2
+                continue
+            if c in "'\"":
+                end = text.find(c, j + 1)
+                while c == '"' and end > 0 and text[end - 1] == "\\":
+                    end = text.find(c, end + 1)
+                if end < 0:
+                    raise self.error("unterminated " + ("single" if c == "'" else "double") + " quote", j)
+                j = end + 1
+                continue
+            depth += (c == opening) - (c == closing)
+            if depth == 0:
+                return j
+            j += 1
+        raise self.error(f"unterminated `{text[i - 1:i + 1]}`", i - 1)
+
+    def _heredoc_delimiter(self) -> _Word:
+        match = _HEREDOC_DELIMITER.match(self.text, self.i)
+        if not match:
+            raise self.error("here-document without a delimiter", self.i)
+        self.heredocs.append((match.group(2), match.start()))
+        self.i = match.end()
+        return _Word((("lit", match.group(2), True),), match.start())
+
+    def _skip_heredoc_bodies(self) -> None:
+        for delimiter, start in self.heredocs:
+            while self.i < len(self.text):
+                newline = self.text.find("\n", self.i)
+                end = len(self.text) if newline < 0 else newline
+                line, self.i = self.text[self.i:end], end + 1
+                if line.strip() == delimiter:
+                    break
+            else:
+                raise self.error(f"here-document not terminated by {delimiter}", start)
+        self.heredocs = []
+
+
+class _Command(NamedTuple):
+    tokens: tuple      # words and operators other than separators
+    offset: int
+    chained: bool      # after && or ||: it may or may not run
+
+
+def _commands(tokens: list) -> list[_Command]:
+    out, current, chained = [], [], False
+    for token in tokens:
+        if isinstance(token, _Op) and token.text in _SEPARATORS:
+            if current:
+                out.append(_Command(tuple(current), current[0].offset, chained))
+            if current or token.text != "\n":
+                chained = token.text in ("&&", "||")
+            current = []
+        else:
+            current.append(token)
+    if current:
+        out.append(_Command(tuple(current), current[0].offset, chained))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Expansion. A value is a tuple of pieces (text, names); names is empty for known text and otherwise
+# names what could not be read (the text is then the source as written, e.g. "$(date +%Y%m%d)").
+
+_Piece = tuple[str, tuple[str, ...]]
+_Text = tuple[_Piece, ...]
+_Value = Union[_Text, list]  # a scalar, or an array: list of _Text
+
+
+def _unknown(source: str, *names: str) -> _Text:
+    return ((source, names),)
+
+
+def _text(value: _Text) -> str:
+    return "".join(text for text, _ in value)
+
+
+def _names(value: _Text) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(name for _, names in value for name in names))
+
+
+def _joined(elements: list[_Text]) -> _Text:
+    """Array elements as one word, separated by blanks (`"${A[*]}"`, or `"${A[@]}"` in an assignment)."""
+    return tuple(piece for k, element in enumerate(elements) for piece in ((" ", ()),) * (k > 0) + element)
+
+
+def _known_prefix(value: _Text) -> str:
+    prefix = []
+    for text, names in value:
+        if names:
+            break
+        prefix.append(text)
+    return "".join(prefix)
+
+
+_SPECIAL_PARAMETERS = set("@*#?$!-")
+_BLOCK_NAMES = {"if": "if block", "for": "for loop", "while": "while loop", "until": "until loop",
+                "case": "case block", "select": "select loop"}
+_DECLARE = {"export", "declare", "typeset", "local", "readonly"}
+
+
+def _literal(token) -> str | None:
+    """The text of an unquoted plain word (a keyword candidate), else None."""
+    if isinstance(token, _Word) and len(token.parts) == 1 and token.parts[0][0] == "lit" and not token.parts[0][2]:
+        return token.parts[0][1]
+    return None
+
+
+def _split_assignment(word: _Word):
+    """(name, append, value parts) for `NAME=value` / `NAME+=value`, else None."""
+    first = word.parts[0]
+    if first[0] != "lit" or first[2] or not (match := _ASSIGNMENT.match(first[1])):
+        return None
+    rest = first[1][match.end():]
+    parts = ((("lit", rest, False),) if rest else ()) + word.parts[1:]
+    return match.group(1), bool(match.group(2)), parts
+
+
+def _is_entry_module(module: str) -> bool:
+    return module.endswith(".main_ppo") or re.fullmatch(r"recipe\.[\w.]+\.main_\w+", module) is not None
+
+
+def _is_python(value: _Text) -> bool:
+    # An unknown launcher (`"${LAUNCH[@]}" -m verl.trainer.main_ppo`) counts; the module name decides.
+    return bool(_names(value)) or re.fullmatch(r"python[\d.]*", _text(value).rsplit("/", 1)[-1]) is not None
+
+
+class _Invocation(NamedTuple):
+    offset: int
+    job: ImportedJob
+
+
+class _Shell:
+    """Walks the commands in order, tracking variables, and records each main_ppo invocation."""
+
+    def __init__(self, source: str, environ: Mapping[str, str] | None) -> None:
+        self.source = source
+        self.environ = dict(environ or {})
+        self.vars: dict[str, _Value | None] = {}   # None: unset by the script
+        self.exported: set[str] = set()
+        self.blocks: list[str] = []
+        self.function_brace_pending = False
+        self.sourced: list[str] = []
+        self.invocations: list[_Invocation] = []
+        self.entry_points_seen: list[str] = []
+
+    # ---- variables
+    def lookup(self, name: str) -> _Value | None:
+        if name in self.vars:
+            return self.vars[name]
+        if name in self.environ:
+            return ((self.environ[name], ()),)
+        return None
+
+    def scalar(self, name: str) -> _Text | None:
+        value = self.lookup(name)
+        if isinstance(value, list):
+            return value[0] if value else ()
+        return value
+
+    def assign(self, name: str, append: bool, value: _Value, *, certain: bool) -> None:
+        old = self.lookup(name)
+        if not certain:  # set inside a conditional or a loop: it may or may not have happened
+            unknown_element = _unknown(f"${{{name}[@]}}", name)
+            if append and isinstance(old, list):
+                value = old + [unknown_element]  # the elements already there stay known
+            else:
+                value = [unknown_element] if isinstance(value, list) else _unknown(f"${{{name}}}", name)
+        elif append and isinstance(old, list):
+            value = old + (value if isinstance(value, list) else [value])
+        elif append and old is not None:
+            value = old + (_joined(value) if isinstance(value, list) else value)
+        self.vars[name] = value
+
+    # ---- expansion
+    def expand(self, word: _Word, *, split: bool = True) -> list[_Text]:
+        """The fields a word expands to: unquoted expansions are split on blanks, "${A[@]}" gives one per element."""
+        fields: list[_Text] = []
+        current: list[_Piece] | None = None
+
+        def end_field() -> None:
+            nonlocal current
+            if current is not None:
+                fields.append(tuple(current))
+            current = None
+
+        for part in word.parts:
+            value = self.part_value(part)
+            if isinstance(value, list) and not split:
+                value = _joined(value)
+            quoted = part[0] in ("lit", "array") or part[2]
+            for k, element in enumerate(value if isinstance(value, list) else [value]):
+                if k:
+                    end_field()
+                if quoted or not split:
+                    current = (current or []) + list(element)
+                    continue
+                for text, names in element:
+                    if names:
+                        current = (current or []) + [(text, names)]
+                        continue
+                    for n, chunk in enumerate(re.split(r"[ \t\n]+", text)):
+                        if n:
+                            end_field()
+                        if chunk:
+                            current = (current or []) + [(chunk, ())]
+        end_field()
+        return fields
+
+    def expand_one(self, parts: tuple) -> _Text:
+        fields = self.expand(_Word(parts, 0), split=False)
+        return fields[0] if fields else ()
+
+    def part_value(self, part: tuple) -> _Value:
+        kind = part[0]
+        if kind == "lit":
+            return ((part[1], ()),)
+        if kind == "cmd":
+            return _unknown(part[1], part[1])
+        if kind == "arith":
+            return self.arithmetic(part[1], part[3])
+        if kind == "param":
+            return self.parameter(part[1], part[3])
+        return _unknown("(...)", "array literal outside an assignment")
+
+    def parameter(self, inner: str, source: str) -> _Value:
+        if inner in _SPECIAL_PARAMETERS or inner.isdigit():
+            return _unknown(source, "$" + inner)
+        if match := re.fullmatch(r"([A-Za-z_]\w*)\[([@*])\]", inner):
+            value = self.lookup(match.group(1))
+            if value is None:
+                value = [_unknown(source, match.group(1))]
+            elements = value if isinstance(value, list) else [value]
+            return elements if match.group(2) == "@" else _joined(elements)  # "${A[*]}" is one word
+        match = re.fullmatch(r"([A-Za-z_]\w*)(?:(:?[-=+?])(.*))?", inner, re.S)
+        if not match:
+            return _unknown(source, source)  # ${#X}, ${X%suffix}, ${X/a/b}, ...: not modelled
+        name, op, word = match.groups()
+        value = self.scalar(name)
+        if op is None:
+            return value if value is not None else _unknown(source, name)
+        if value is not None and _names(value):
+            return value  # whether the default applies depends on what we cannot read
+        is_set = value is not None and not (op.startswith(":") and _text(value) == "")
+        if op.endswith("+"):
+            return self.nested_word(word) if is_set else ()
+        if is_set:
+            return value
+        if op.endswith("?"):
+            return _unknown(source, name)
+        default = self.nested_word(word)
+        if op.endswith("="):
+            self.vars[name] = default
+        return default
+
+    def nested_word(self, word: str) -> _Text:
+        lexer = _Lexer(word, self.source)
+        tokens = lexer.tokens(single_word=True)
+        return self.expand_one(tokens[0].parts) if tokens else ()
+
+    def arithmetic(self, expr: str, source: str) -> _Text:
+        """Integer + - * / % over literals and variables, as `$(( ))` computes them; anything else is unread."""
+        missing: list[str] = []
+
+        def number(node) -> int:
+            if isinstance(node, ast.Constant) and type(node.value) is int:
+                return node.value
+            if isinstance(node, ast.Name):
+                value = self.scalar(node.id)
+                if value is None or _names(value):
+                    missing.extend(_names(value) if value else (node.id,))
+                    return 1
+                return number(ast.parse(_text(value).strip() or "0", mode="eval").body)
+            if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+                return -number(node.operand) if isinstance(node.op, ast.USub) else number(node.operand)
+            if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Mod)):
+                a, b = number(node.left), number(node.right)
+                if isinstance(node.op, (ast.Div, ast.Mod)):
+                    quotient = abs(a) // abs(b) * (1 if (a < 0) == (b < 0) else -1)  # bash truncates toward 0
+                    return quotient if isinstance(node.op, ast.Div) else a - b * quotient
+                return {ast.Add: a + b, ast.Sub: a - b, ast.Mult: a * b}[type(node.op)]
+            raise ValueError(ast.dump(node))
+
+        try:
+            result = number(ast.parse(re.sub(r"\$\{?([A-Za-z_]\w*)\}?", r"\1", expr).strip(), mode="eval").body)
+        except (SyntaxError, ValueError, ZeroDivisionError, RecursionError):
+            return _unknown(source, source)
+        return _unknown(source, *missing) if missing else ((str(result), ()),)
+
+    # ---- commands
+    def run(self, command: _Command) -> None:
+        tokens = list(command.tokens)
+        keyword = _literal(tokens[0])
+        if keyword in ("fi", "done", "esac", "}"):
+            if self.blocks:
+                self.blocks.pop()
+            return
+        if keyword in ("if", "elif", "while", "until", "case", "select"):
+            if keyword != "elif":
+                self.blocks.append(_BLOCK_NAMES[keyword])
+            if keyword != "case" and len(tokens) > 1:  # the condition runs, inside the block (`while read X`)
+                self.run(command._replace(tokens=tuple(tokens[1:])))
+            return
+        if keyword == "for":
+            self.blocks.append(_BLOCK_NAMES["for"])
+            if len(tokens) > 1 and (name := _literal(tokens[1])) and _NAME.fullmatch(name):
+                self.vars[name] = _unknown(f"${{{name}}}", name)
+            return
+        if keyword in ("then", "do", "else", "{"):
+            if keyword == "{":
+                if self.function_brace_pending:
+                    self.function_brace_pending = False
+                else:
+                    self.blocks.append("{")
+            if len(tokens) > 1:
+                self.run(command._replace(tokens=tuple(tokens[1:])))
+            return
+        if self.blocks and self.blocks[-1] == "case block":
+            closing = next((k for k, t in enumerate(tokens) if isinstance(t, _Op) and t.text == ")"), None)
+            if closing is not None:  # a `pattern)` line
+                tokens = tokens[closing + 1:]
+                if tokens:
+                    self.run(command._replace(tokens=tuple(tokens)))
+                return
+        if self.function_definition(tokens):
+            return
+        segment: list = []
+        for token in tokens + [_Op("|", -1)]:
+            if isinstance(token, _Op) and token.text == "|":
+                self.simple_command(segment, command)
+                segment = []
+            else:
+                segment.append(token)
+
+    def function_definition(self, tokens: list) -> bool:
+        texts = [t.text if isinstance(t, _Op) else _literal(t) for t in tokens[:4]]
+        if texts[:1] == ["function"] and len(texts) > 1:
+            name, rest = texts[1], texts[2:]
+        elif texts[1:3] == ["(", ")"]:
+            name, rest = texts[0], texts[3:]
+        else:
+            return False
+        self.blocks.append(f"function {name}")
+        self.function_brace_pending = "{" not in rest
+        return True
+
+    def simple_command(self, tokens: list, command: _Command) -> None:
+        words = []
+        skip_next = False
+        for token in tokens:  # drop redirections and their targets, and stray parentheses
+            if skip_next:
+                skip_next = False
+            elif isinstance(token, _Op):
+                skip_next = token.text in _REDIRECTIONS
+            else:
+                words.append(token)
+        certain = not self.blocks and not command.chained
+        prefix = []
+        while words and (assignment := _split_assignment(words[0])):
+            prefix.append(assignment)
+            words = words[1:]
+        if not words:
+            for name, append, parts in prefix:
+                self.assign(name, append, self.assignment_value(parts), certain=certain)
+            return
+        first = _literal(words[0])
+        if first in _DECLARE:
+            self.declare(first, words[1:], certain)
+            return
+        if first == "unset":
+            for word in words[1:]:
+                if (name := _literal(word)) and _NAME.fullmatch(name):
+                    self.vars[name] = None if certain else _unknown(f"${{{name}}}", name)
+            return
+        if first == "read":
+            for word in words[1:]:
+                if (name := _literal(word)) and _NAME.fullmatch(name):
+                    self.vars[name] = _unknown(f"${{{name}}}", name)
+            return
+        fields = [field for word in words for field in self.expand(word)]
+        if fields and _text(fields[0]) in ("source", ".") and len(fields) > 1:
+            self.sourced.append(f"source {_text(fields[1])}")
+            return
+        self.maybe_invocation(fields, prefix, command)
+
+    def assignment_value(self, parts: tuple) -> _Value:
+        if len(parts) == 1 and parts[0][0] == "array":
+            return [field for word in parts[0][1] for field in self.expand(word)]
+        return self.expand_one(parts)
+
+    def declare(self, builtin: str, words: list, certain: bool) -> None:
+        exporting = builtin == "export"
+        for word in words:
+            flag = _literal(word)
+            if flag and flag.startswith("-"):
+                exporting = exporting or "x" in flag
+            elif assignment := _split_assignment(word):
+                name, append, parts = assignment
+                self.assign(name, append, self.assignment_value(parts), certain=certain)
+                if exporting:
+                    self.exported.add(name)
+            elif flag and _NAME.fullmatch(flag) and exporting:
+                self.exported.add(flag)
+
+    def maybe_invocation(self, fields: list[_Text], prefix: list, command: _Command) -> None:
+        texts = [_text(field) for field in fields]
+        for k in range(1, len(fields) - 1):
+            if texts[k] != "-m":
+                continue
+            launcher = k - 1
+            while launcher > 0 and texts[launcher].startswith("-"):  # python options such as -u
+                launcher -= 1
+            entry = _is_entry_module(texts[k + 1]) and _is_python(fields[launcher])
+            if entry:
+                self.record(fields[k + 2:], prefix, command)
+                return
+            self.entry_points_seen.append(" ".join(" ".join(texts[:k + 2]).split()))
+        if len(fields) > 1 and _is_python(fields[0]) and texts[1].endswith(".py"):
+            self.entry_points_seen.append(f"{texts[0]} {texts[1]}")
+
+    def record(self, args: list[_Text], prefix: list, command: _Command) -> None:
+        hydra = _hydra_arguments(args)
+        unresolved = dict.fromkeys(hydra.unresolved)
+        unresolved.update(dict.fromkeys(block for block in self.blocks if block != "{"))
+        env: dict[str, str] = {}
+        script_vars = [(name, value, name in self.exported) for name, value in self.vars.items()
+                       if value is not None and not isinstance(value, list)]
+        command_vars = [(name, self.expand_one(parts), True) for name, _append, parts in prefix]  # `X=1 python3 ...`
+        for name, value, reaches_job in script_vars + command_vars:
+            if not _names(value):
+                env[name] = _text(value)
+            elif reaches_job:  # an unknown value in the job's environment
+                unresolved.update(dict.fromkeys(_names(value)))
+        unresolved.update(dict.fromkeys(self.sourced))
+        job = ImportedJob(source=self.source, overrides=hydra.overrides, config_path=hydra.config_path,
+                          config_name=hydra.config_name, env=env, unresolved=tuple(unresolved),
+                          unresolved_keys=hydra.unresolved_keys)
+        self.invocations.append(_Invocation(command.offset, job))
+
+
+class _HydraArguments(NamedTuple):
+    overrides: dict[str, str]
+    unresolved_keys: tuple[str, ...]
+    config_path: str | None
+    config_name: str | None
+    unresolved: tuple[str, ...]
+
+
+_CONFIG_FLAGS = {"--config-path": "path", "-cp": "path", "--config-name": "name", "-cn": "name"}
+
+
+def _hydra_arguments(args: list[_Text]) -> _HydraArguments:
+    """main_ppo's arguments: key=value overrides (later wins) and the config path and name."""
+    overrides: dict[str, str] = {}
+    unresolved_keys: dict[str, None] = {}
+    config: dict[str, str | None] = {"path": None, "name": None}
+    unresolved: dict[str, None] = {}
+    fields = iter(args)
+    for field in fields:
+        text = _text(field)
+        unresolved.update(dict.fromkeys(_names(field)))
+        flag, eq, value = text.partition("=")
+        if flag in _CONFIG_FLAGS:
+            if not eq and (field := next(fields, None)) is not None:
+                value = _text(field)
+                unresolved.update(dict.fromkeys(_names(field)))
+            config[_CONFIG_FLAGS[flag]] = value
+        elif text.startswith("~") or "=" in _known_prefix(field):
+            overrides[flag] = value  # "~key" alone deletes key: value ""
+            unresolved_keys.pop(flag, None)
+            if _names(field):
+                unresolved_keys[flag] = None
+        elif not _names(field):
+            unresolved[text] = None  # a Hydra flag autotune does not model, or a word that is no override
+    return _HydraArguments(overrides, tuple(unresolved_keys), config["path"], config["name"], tuple(unresolved))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Public entry points
+
+def import_launch_text(text: str, *, source: str = "<text>", environ: Mapping[str, str] | None = None) -> ImportedJob:
+    """Import the one `python -m verl.trainer.main_ppo` (or `-m X.main_ppo`) call in a bash script.
+
+    `environ` is the environment the script would start in; nothing is read from os.environ. A name
+    that neither the script nor `environ` sets is unset: `${X:-default}` gives the default, `$X` is
+    reported in `unresolved`.
+    """
+    shell = _Shell(source, environ)
+    for command in _commands(_Lexer(text, source).tokens()):
+        shell.run(command)
+    if not shell.invocations:
+        seen = ", ".join(dict.fromkeys(shell.entry_points_seen)) or "none"
+        raise LaunchScriptError(f"{source}: no `python -m verl.trainer.main_ppo` invocation found "
+                                f"(entry points seen: {seen})")
+    if len(shell.invocations) > 1:
+        lines = ", ".join(str(_line(text, inv.offset)) for inv in shell.invocations)
+        raise LaunchScriptError(f"{source}: more than one verl.trainer.main_ppo invocation (lines {lines}); "
+                                "keep one per file")
+    return shell.invocations[0].job
+
+
+def import_launch_script(path, environ: Mapping[str, str] | None = None) -> ImportedJob:
+    path = Path(path)
+    if not path.is_file():
+        raise LaunchScriptError(f"launch script not found: {path}")
+    return import_launch_text(path.read_text(encoding="utf-8"), source=str(path), environ=environ)
+
+
+def import_config_yaml(path) -> ImportedJob:
+    """A verl YAML config (a saved full config, or a primary config with `defaults:`) as dotted overrides.
+
+    Leaves become overrides; `defaults` and `hydra` are not overrides, except `override GROUP: OPTION`
+    entries in `defaults`, which become `overrides[GROUP] = OPTION` (e.g. model_engine=megatron).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise LaunchScriptError(f"config file not found: {path}")
+    try:  # OmegaConf's YAML rules, as Hydra reads the file (1e-6 is a float there, a string to PyYAML)
+        data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    except yaml.YAMLError as exc:
+        raise LaunchScriptError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    if not isinstance(data, dict):
+        raise LaunchScriptError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    overrides: dict[str, str] = {}
+    for entry in data.get("defaults") or []:
+        for key, value in (entry.items() if isinstance(entry, dict) else ()):
+            if str(key).startswith("override "):
+                overrides[str(key)[len("override "):].strip()] = _hydra_value(value)
+    for key, value in data.items():
+        if key not in ("defaults", "hydra"):
+            _flatten(str(key), value, overrides)
+    return ImportedJob(source=str(path), overrides=overrides, config_path=None, config_name=None, env={},
+                       unresolved=())
+
+
+def _flatten(prefix: str, value, out: dict[str, str]) -> None:
+    if isinstance(value, dict) and value:
+        for key, child in value.items():
+            _flatten(f"{prefix}.{key}", child, out)
+    else:
+        out[prefix] = _hydra_value(value)
+
+
+# Strings Hydra would read back as another type, or that need quotes in its override grammar.
+_NOT_A_STRING = re.compile(r"(?i)null|true|false|[-+]?(\d[\d_]*(\.\d*)?|\.\d+)(e[-+]?\d+)?|[-+]?(inf|nan)")
+_BARE_STRING = re.compile(r"(?:[\w/\-+.%*@?|:]|\$\{[^{}'\"]*\})+")  # OverrideLexer.g4 UNQUOTED_CHAR
+
+
+def _hydra_value(value) -> str:
+    """A YAML value in Hydra's command-line override syntax."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_hydra_value(v)}" for k, v in value.items()) + "}"
+    text = str(value)
+    if _BARE_STRING.fullmatch(text) and not _NOT_A_STRING.fullmatch(text):
+        return text
+    if "'" not in text:
+        return f"'{text}'"
+    if '"' not in text:
+        return f'"{text}"'
+    return "'" + text.replace("'", "\\'") + "'"

@@ -1,0 +1,156 @@
+"""The user's own verl job: real launch scripts from verl's examples (tests/data/verl_examples, SOURCES.md)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autotune.estimate import estimate
+from autotune.hardware import get_gpu
+from autotune.job_import import user_job
+from autotune.knobs import WORKLOAD_BY_KEY, kind_of
+from autotune.launch_script import import_launch_script
+
+EXAMPLES = Path(__file__).parent / "data" / "verl_examples"
+SCRIPTS = sorted(EXAMPLES.glob("*.sh"))
+# scripts whose model path is not readable statically (or is wrong in verl's own file), and the model to use
+MODEL_FOR = {"qwen2-70b_grpo_32_h20_fsdp_vllm.sh": "qwen2.5-72b"}  # verl's script says model.path=model_path
+# docs/perf/device_tuning.rst: "Hardware Resource Needed for RL" (MIN rows), the hardware each script ran on
+DEVICE_TUNING = {
+    "qwen2-0.5b_grpo-lora_1_h100_fsdp_vllm.sh": "H100-80GB",
+    "qwen2-1.5b_grpo-lora_1_h100_fsdp_vllm.sh": "H100-80GB",
+    "qwen2-3b_grpo-lora_1_h100_fsdp_vllm.sh": "H100-80GB",
+    "qwen2-7b_grpo_2_h800_fsdp_vllm.sh": "H800",
+    "qwen2-7b_grpo-lora_1_h100_fsdp_vllm.sh": "H100-80GB",
+    "qwen2_14b_grpo_4_h800_fsdp_vllm.sh": "H800",
+    "qwen2-14b_grpo-lora_2_h100_fsdp_vllm.sh": "H100-80GB",
+    "qwen2_32B_grpo_8_h20_megatron_vllm.sh": "H20",
+    "qwen2-32b_grpo-lora_4_h100_fsdp_vllm.sh": "H100-80GB",
+    "qwen2-70b_grpo_32_h20_fsdp_vllm.sh": "H20",
+    "qwen2-70b_grpo_32_h800_fsdp_vllm.sh": "H800",
+    "qwen2-72b_grpo-lora_8_h100_fsdp_vllm.sh": "H100-80GB",
+}
+
+
+def _job(path: Path):
+    try:
+        return user_job(import_launch_script(path, {"HOME": "/home/user"}), model_name=MODEL_FOR.get(path.name))
+    except Exception as exc:  # models outside the table (gpt-oss, DeepSeek-V3) must say so in one line
+        return exc
+
+
+def test_at_least_ten_fixtures_cover_fsdp_megatron_moe_and_lora():
+    names = [p.name for p in SCRIPTS]
+    assert len(names) >= 10
+    assert any("megatron" in n for n in names) and any("lora" in n for n in names)
+    assert any("30b" in n or "moe" in n for n in names)
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
+def test_every_fixture_imports_or_names_what_is_missing(path):
+    job = _job(path)
+    if isinstance(job, Exception):  # a model outside the table, or verl's own placeholder (<path_to_dsv3_config>)
+        from autotune.errors import ConfigError
+        assert isinstance(job, ConfigError) and "\n" not in str(job), job
+        assert any(m in str(job) for m in ("unknown model", "cannot read actor_rollout_ref.model.path",
+                                           "not readable statically")), job
+        return
+    assert job.workload.train_batch_size >= 1 and job.workload.rollout_n >= 1
+    assert all(kind_of(k) == "passthrough" or WORKLOAD_BY_KEY.get(k) for k in job.passthrough)
+    assert "actor_rollout_ref.model.path" in job.passthrough or path.name in MODEL_FOR
+
+
+@pytest.mark.parametrize("name, gpu", sorted(DEVICE_TUNING.items()))
+def test_estimate_does_not_predict_oom_for_configs_verl_reports_running(name, gpu):
+    job = _job(EXAMPLES / name)
+    result = estimate(job.model, get_gpu(gpu), job.workload, job.baseline, gpus_per_node=job.gpus_per_node,
+                      nodes=job.nodes or 1)
+    assert result.fits, (result.phase_peak_gib, result.kv_cache_gib, result.capacity_gib)
+    assert not result.violations, result.violations
+
+
+def test_lora_is_read_and_changes_the_memory_model():
+    job = _job(EXAMPLES / "qwen2-7b_grpo-lora_1_h100_fsdp_vllm.sh")
+    assert job.workload.lora_rank > 0
+    from dataclasses import replace
+    full = estimate(job.model, get_gpu("H100-80GB"), replace(job.workload, lora_rank=0), job.baseline,
+                    gpus_per_node=1, nodes=1)
+    lora = estimate(job.model, get_gpu("H100-80GB"), job.workload, job.baseline, gpus_per_node=1, nodes=1)
+    assert lora.components_gib["optimizer"] < full.components_gib["optimizer"] / 50
+    assert lora.components_gib["reference"] == 0.0  # LoRA's reference is the actor with adapters off
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "HOME": "/home/user"})
+
+
+def test_estimate_cli_table_and_json():
+    script = str(EXAMPLES / "qwen2-7b_grpo_2_h800_fsdp_vllm.sh")
+    table = _cli("estimate", "--from", script, "--gpu", "H800")
+    assert table.returncode == 0, table.stderr
+    assert "verl's rules: all pass" in table.stdout and "SIMULATED" in table.stdout
+    assert "not read statically: $@" in table.stdout
+    doc = json.loads(_cli("estimate", "--from", script, "--gpu", "H800", "--json").stdout)
+    assert doc["gpus_per_node"] == 2 and doc["fits"] is True and doc["simulated"] is True
+    assert set(doc["components_gib"]) >= {"weights", "gradients", "optimizer", "activations", "logits", "vllm_share"}
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    out = tmp_path_factory.mktemp("from")
+    script = EXAMPLES / "qwen2-7b_grpo_2_h800_fsdp_vllm.sh"
+    proc = _cli("run", "--from", str(script), "--backend", "sim", "--gpu", "H800", "--trials", "10", "--out",
+                str(out), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    return script, out, proc
+
+
+def test_run_from_a_script_measures_the_users_config_first(tuned):
+    script, out, proc = tuned
+    assert "workload held fixed" in proc.stdout
+    doc = json.loads((out / "result.json").read_text())
+    base = doc["baseline"]["params"]
+    assert doc["baseline"]["trial"] == 0
+    assert base["ppo_micro_batch_size_per_gpu"] == 16 and base["rollout_tp"] == 2
+    assert base["gpu_memory_utilization"] == 0.6 and base["param_offload"] is True
+
+
+@pytest.mark.verl
+def test_workload_values_are_identical_before_and_after_tuning(tuned):
+    from autotune.errors import ConfigError
+    from autotune.storage.verl_config import compose_exported, compose_overrides, select
+
+    script, out, _ = tuned
+    imported = import_launch_script(script, {"HOME": "/home/user"})
+    user_overrides = [f"{k}={v}" for k, v in imported.overrides.items()]
+    before = compose_overrides(user_overrides)
+    after = compose_exported(out / "best.yaml")
+    checked = 0
+    for key in imported.overrides:
+        if kind_of(key) in ("workload", "passthrough"):
+            assert select(after, key) == select(before, key), key
+            checked += 1
+    assert checked >= 15
+    assert select(after, "actor_rollout_ref.actor.optim.lr") == 1e-6
+    assert list(select(after, "trainer.logger")) == ["console", "wandb"]
+
+
+def test_opted_in_workload_knob_is_named_in_the_export(tmp_path):
+    script = EXAMPLES / "qwen2-7b_grpo_2_h800_fsdp_vllm.sh"
+    proc = _cli("run", "--from", str(script), "--backend", "sim", "--gpu", "H800", "--trials", "6", "--out",
+                str(tmp_path), "--quiet", "--tune-workload", "ppo_mini_batch_size")
+    assert proc.returncode == 0, proc.stderr
+    header = (tmp_path / "best.yaml").read_text().split("hydra:")[0]
+    assert "WORKLOAD CHANGED (opted in): ppo_mini_batch_size" in header
+
+
+def test_unreadable_model_path_is_reported_by_name(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text("python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=$MODEL data.train_batch_size=8\n")
+    proc = _cli("estimate", "--from", str(script), "--gpus", "8")
+    assert proc.returncode == 2 and "MODEL" in proc.stderr and len(proc.stderr.splitlines()) == 1
