@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from autotune import __version__
+from autotune.argtypes import positive_int, whole_int
 from autotune.errors import AutotuneError, ConfigError
 
 EPILOG = """examples:
@@ -34,23 +35,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"autotune: error: {message}\n")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="autotune", description="Find the fastest way to run a verl GRPO training job.",
                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -59,21 +43,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="search for the fastest configuration and export it")
     run.add_argument("--model", help="model name (see `autotune models`); or `model:` in tune.yaml")
-    run.add_argument("--gpus", type=_int, help="GPUs per node (default: the --from job's trainer.n_gpus_per_node)")
+    run.add_argument("--gpus", type=whole_int, help="GPUs per node (default: the --from job's trainer.n_gpus_per_node)")
     run.add_argument("--from", dest="from_job", type=Path,
                      help="your verl launch script (.sh) or config (.yaml): its workload is held fixed, its system "
                           "knobs are the baseline; extra Hydra overrides may follow after --")
     run.add_argument("--tune-workload", action="append", default=[], metavar="KNOB",
                      help="opt in to tuning a workload knob (ppo_mini_batch_size); the export says so")
     run.add_argument("overrides", nargs="*", help=argparse.SUPPRESS)
-    run.add_argument("--nodes", type=_int, default=1, help="nodes (default 1)")
+    run.add_argument("--nodes", type=whole_int, default=1, help="nodes (default 1)")
     run.add_argument("--backend", default="auto", help="sim | torch | verl | auto (default: auto)")
-    run.add_argument("--trials", type=_positive_int, default=40,
+    run.add_argument("--trials", type=positive_int, default=40,
                      help="finished trials the study should hold (a second run resumes up to this; default 40)")
     run.add_argument("--storage", help="SQLAlchemy URL of the study database (default: sqlite:///OUT/autotune.db)")
     run.add_argument("--study", help="study name (default: MODEL-NODESxGPUS-BACKEND)")
     run.add_argument("--out", default="autotune-out", help="output folder (default ./autotune-out)")
-    run.add_argument("--seed", type=_int, default=None, help="sampler seed")
+    run.add_argument("--seed", type=whole_int, default=None, help="sampler seed")
     run.add_argument("--config", type=Path, help="tune.yaml: workload, pinned knobs, narrowed ranges")
     run.add_argument("--gpu", help="GPU type when none is detected (default H200; see hardware table)")
     run.add_argument("--quiet", action="store_true", help="no per-trial lines")
@@ -84,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "[OVERRIDES], the same launcher as a probe without the probe limits.")
     train.add_argument("--config", type=Path, required=True, help="the exported best.yaml")
     train.add_argument("--dry-run", action="store_true", help="print the exact command and exit")
-    train.add_argument("--idle-timeout", type=_positive_int, default=6 * 3600,
+    train.add_argument("--idle-timeout", type=positive_int, default=6 * 3600,
                        help="kill the run when no step finishes for this many seconds (default 21600)")
     train.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. trainer.total_epochs=3")
     train.set_defaults(func=cmd_train)
@@ -92,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     est = sub.add_parser("estimate", help="predict one configuration: rules, memory by component, time by phase",
                          description="Evaluates your job without searching, with the calibrated model (SIMULATED).")
     est.add_argument("--from", dest="from_job", type=Path, required=True, help="verl launch script or YAML config")
-    est.add_argument("--gpus", type=_int, help="GPUs per node (default: the job's trainer.n_gpus_per_node)")
-    est.add_argument("--nodes", type=_int, help="nodes (default: the job's trainer.nnodes)")
+    est.add_argument("--gpus", type=whole_int, help="GPUs per node (default: the job's trainer.n_gpus_per_node)")
+    est.add_argument("--nodes", type=whole_int, help="nodes (default: the job's trainer.nnodes)")
     est.add_argument("--gpu", help="GPU type (default: detected, else H200)")
     est.add_argument("--model", help="model name when the job's model.path is not readable")
     est.add_argument("--json", action="store_true", help="machine-readable output")

@@ -146,6 +146,15 @@ def _mapping(value, where: str) -> dict:
     return value
 
 
+def _section(data: dict, name: str, allowed: set, path) -> dict:
+    """One tune.yaml section as a mapping whose keys are all known."""
+    raw = _mapping(data.get(name), name)
+    unknown = sorted(set(map(str, raw)) - allowed)
+    if unknown:
+        raise ConfigError(f"{path}: unknown {name} key(s) {unknown}; allowed: {sorted(allowed)}")
+    return raw
+
+
 def load_tune_yaml(path: Path | None) -> TuneYaml:
     """Parse and validate tune.yaml; every problem is one ConfigError line naming the key."""
     if path is None:
@@ -164,28 +173,16 @@ def load_tune_yaml(path: Path | None) -> TuneYaml:
     unknown = sorted(set(map(str, data)) - TUNE_YAML_KEYS)
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {unknown}; allowed: {sorted(TUNE_YAML_KEYS)}")
-    workload_raw = _mapping(data.get("workload"), "workload")
-    unknown = sorted(set(map(str, workload_raw)) - set(Workload.field_names()))
-    if unknown:
-        raise ConfigError(f"{path}: unknown workload key(s) {unknown}; allowed: {Workload.field_names()}")
-    probe_raw = _mapping(data.get("probe"), "probe")
-    unknown = sorted(set(map(str, probe_raw)) - PROBE_KEYS)
-    if unknown:
-        raise ConfigError(f"{path}: unknown probe key(s) {unknown}; allowed: {sorted(PROBE_KEYS)}")
+    workload_raw = _section(data, "workload", set(Workload.field_names()), path)
+    probe_raw = _section(data, "probe", PROBE_KEYS, path)
     tune_workload = data.get("tune_workload") or []
     if not isinstance(tune_workload, list) or not all(isinstance(k, str) for k in tune_workload):
         raise ConfigError(f"{path}: tune_workload must be a list of knob names, but got {tune_workload!r}")
     for key in ("model", "gpu"):
         if data.get(key) is not None and not isinstance(data[key], str):
             raise ConfigError(f"{path}: {key} must be a string, but got {data[key]!r}")
-    search_raw = _mapping(data.get("search"), "search")
-    unknown = sorted(set(map(str, search_raw)) - SEARCH_KEYS)
-    if unknown:
-        raise ConfigError(f"{path}: unknown search key(s) {unknown}; allowed: {sorted(SEARCH_KEYS)}")
-    budget_raw = _mapping(data.get("budget"), "budget")
-    unknown = sorted(set(map(str, budget_raw)) - BUDGET_KEYS)
-    if unknown:
-        raise ConfigError(f"{path}: unknown budget key(s) {unknown}; allowed: {sorted(BUDGET_KEYS)}")
+    search_raw = _section(data, "search", SEARCH_KEYS, path)
+    budget_raw = _section(data, "budget", BUDGET_KEYS, path)
     try:
         workload = Workload(**workload_raw)
         probe = ProbeBudget(**probe_raw)

@@ -17,23 +17,14 @@ import os
 import socket
 from pathlib import Path
 
+from autotune.argtypes import positive_int
 from autotune.errors import ConfigError
 
 DEFAULT_OUT = "autotune-out"
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def _port(text: str) -> int:
-    value = _positive_int(text)
+    value = positive_int(text)
     if value > 65535:
         raise argparse.ArgumentTypeError(f"must be a TCP port (1-65535), got {value}")
     return value
@@ -72,7 +63,7 @@ def add_commands(subparsers) -> None:
     worker.add_argument("--study", required=True, help="the study to join")
     worker.add_argument("--storage", required=True,
                         help="the study's storage URL (postgresql+psycopg://... or journal:///shared/path.log)")
-    worker.add_argument("--trials", type=_positive_int, default=40,
+    worker.add_argument("--trials", type=positive_int, default=40,
                         help="finished trials the study should hold, counting every worker's (default 40)")
     worker.add_argument("--out", default=DEFAULT_OUT, help="folder for probe runs and logs (default ./autotune-out)")
     worker.add_argument("--seed", type=_int, default=None, help="sampler seed (default none: workers must differ)")
