@@ -24,12 +24,6 @@ EPILOG = """examples:
 """
 
 
-def threading_is_main() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
-
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
         self.exit(2, f"autotune: error: {message}\n")
@@ -101,17 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _sigterm_as_interrupt(signum, frame):  # a scheduler's SIGTERM stops the study like Ctrl-C
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
-    import signal
+    from autotune import interrupt
 
-    if threading_is_main():
-        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command in ("run", "worker", "train"):
+        interrupt.install()  # Ctrl-C and a scheduler's SIGTERM stop at the next safe point
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -121,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"autotune: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
+        interrupt.reset()
         print("autotune: interrupted; finished trials are stored, run the same command to resume", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `autotune ... | head`: the reader left; nothing more to say

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from autotune import interrupt
+
 __all__ = ["ProcessOutcome", "group_alive", "kill_process_group", "run_in_process_group"]
 
 _POLL_S = 0.1  # how often the watchdog looks at the clocks while the child is quiet
@@ -201,6 +203,7 @@ def _watch(
     with selectors.DefaultSelector() as sel:
         sel.register(fd, selectors.EVENT_READ)
         while True:
+            interrupt.check()  # Ctrl-C / SIGTERM: the caller's finally kills the group
             if _read_available(sel, fd, tee):
                 last_progress_s = time.monotonic()
             stop = _why_stop(proc, started_s, last_progress_s, deadline_s, idle_timeout_s, should_stop)

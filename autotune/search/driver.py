@@ -18,6 +18,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
+from autotune import interrupt
 from autotune.config import TuneConfig
 from autotune.errors import ConfigError, ProbeCrashed, ProbeEnvironmentError, ProbeOOM, ProbeRejected, ProbeTimeout
 from autotune.objectives.base import ProbePruned, ProbeRequest, ProbeResult, ProbeRunner
@@ -247,8 +248,10 @@ def run_study(cfg: TuneConfig, runner: ProbeRunner, *, on_trial: TrialCallback |
         if stop:
             study.set_user_attr("stopped_by", stop)
             break
+        interrupt.check()
         if not cfg.tune_workload:
             propose_from_model(study, cfg, space)
+        interrupt.check()
         trial = study.ask()
         try:
             _run_trial(ctx, study, trial)
@@ -354,6 +357,7 @@ def _probe(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial, candidat
     multi = len(study.directions) == 2
 
     def report(step: int, tokens_per_s_per_gpu: float) -> bool:
+        interrupt.check()
         if ctx.on_step:
             ctx.on_step(trial.number, step, tokens_per_s_per_gpu)
         if multi:  # Optuna prunes single-objective studies only
