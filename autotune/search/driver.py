@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 
 from autotune import interrupt
 from autotune.config import TuneConfig
-from autotune.errors import ConfigError, ProbeCrashed, ProbeEnvironmentError, ProbeOOM, ProbeRejected, ProbeTimeout
+from autotune.errors import ConfigError, ProbeEnvironmentError, ProbeError, ProbeOOM, ProbeRejected
 from autotune.objectives.base import ProbePruned, ProbeRequest, ProbeResult, ProbeRunner
 from autotune.objectives.memory import estimate_memory
 from autotune.search.prescreen import MemoryGate, inferred_oom, known_fit, memory_ratio
@@ -274,6 +274,15 @@ def _find_duplicate(study: optuna.Study, trial: optuna.Trial) -> optuna.trial.Fr
 
 
 def _run_trial(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial) -> None:
+    prepared = prepare_trial(ctx, study, trial)
+    if prepared is not None:
+        _probe(ctx, study, trial, *prepared)
+
+
+def prepare_trial(ctx: StudyContext, study: optuna.Study,
+                  trial: optuna.Trial) -> tuple[ProbeRequest, float] | None:
+    """Everything before a launch: suggest, rules, inferred OOMs, the memory gate. Returns the probe to run
+    (and the predicted memory ratio) or None when the trial was decided without one."""
     cfg = ctx.cfg
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -289,25 +298,25 @@ def _run_trial(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial) -> N
     duplicate = _find_duplicate(study, trial)
     if duplicate is not None:
         _copy_outcome(study, trial, duplicate)
-        return
+        return None
     layout = ParallelLayout.of(candidate, workload, gpus_per_node=cfg.gpus_per_node, nodes=cfg.nodes)
     violations = check(cfg.model, workload, candidate, layout)
     if violations:
         _reject(study, trial, violations)
-        return
+        return None
     unsupported = ctx.runner.unsupported(candidate, workload)
     if unsupported:
         set_constraints(trial, rules=1.0)
         trial.set_user_attr("state", "rejected")
         trial.set_user_attr("reason", f"not measurable by the {cfg.backend} backend: {unsupported}")
         _tell_placeholder(study, trial)
-        return
+        return None
     params = candidate.as_params()
     if cfg.search.boundaries:
         source = inferred_oom(params, study)
         if source is not None:
             _record_inferred_oom(study, trial, source)
-            return
+            return None
     mem = estimate_memory(cfg.model, cfg.gpu, workload, candidate, layout)
     ratio = memory_ratio(mem)
     trial.set_user_attr("predicted_peak_gib", mem.peak_gib)
@@ -321,9 +330,9 @@ def _run_trial(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial) -> N
                            f"{mem.capacity_gib:.1f} GiB" + ("" if mem.kv_cache_fits else
                                                             " (no room for the KV cache)")
                            + f" (gate: ratio {ratio:.2f} > {1 + gate.margin:.2f})")
-            return
+            return None
         trial.set_user_attr("known_fit_from", fit.number)
-    _probe(ctx, study, trial, candidate, workload, ratio)
+    return launch_request(ctx, trial, candidate, workload), ratio
 
 
 def _record_inferred_oom(study: optuna.Study, trial: optuna.Trial, source: optuna.trial.FrozenTrial) -> None:
@@ -342,18 +351,20 @@ def _tell_placeholder(study: optuna.Study, trial: optuna.Trial) -> None:
     study.tell(trial, [0.0, 0.0] if len(study.directions) == 2 else 0.0)
 
 
-def _probe(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial, candidate: Candidate,
-           workload: Workload, ratio: float) -> None:
+def launch_request(ctx: StudyContext, trial: optuna.Trial, candidate: Candidate, workload: Workload) -> ProbeRequest:
     cfg = ctx.cfg
     run_dir = Path(cfg.out_dir) / "runs" / f"{cfg.study_name}-trial{trial.number:04d}"
     if not ctx.runner.simulated:
         run_dir.mkdir(parents=True, exist_ok=True)
     trial.set_user_attr("run_dir", str(run_dir.resolve()))
-    request = ProbeRequest(model=cfg.model, gpu=cfg.gpu, n_gpus=cfg.gpus_per_node, nodes=cfg.nodes,
-                           passthrough=cfg.passthrough,
-                           workload=workload, candidate=candidate, run_dir=run_dir, trial_number=trial.number,
-                           warmup_steps=cfg.probe.warmup_steps, timed_steps=cfg.probe.timed_steps)
+    trial.set_user_attr("launched", True)
+    return ProbeRequest(model=cfg.model, gpu=cfg.gpu, n_gpus=cfg.gpus_per_node, nodes=cfg.nodes,
+                        passthrough=cfg.passthrough, workload=workload, candidate=candidate, run_dir=run_dir,
+                        trial_number=trial.number, warmup_steps=cfg.probe.warmup_steps,
+                        timed_steps=cfg.probe.timed_steps)
 
+
+def _probe(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial, request: ProbeRequest, ratio: float) -> None:
     multi = len(study.directions) == 2
 
     def report(step: int, tokens_per_s_per_gpu: float) -> bool:
@@ -365,51 +376,57 @@ def _probe(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial, candidat
         trial.report(tokens_per_s_per_gpu, step)
         return trial.should_prune()
 
-    trial.set_user_attr("launched", True)
-    gate = MemoryGate.of(study)
     try:
         try:
             result = ctx.runner.probe(request, report)
         finally:
-            _keep_probe_log(study, trial, run_dir)
-    except ProbeOOM as exc:
-        set_constraints(trial, memory=exc.over_gib if exc.over_gib and exc.over_gib > 0 else 1.0)
+            _keep_probe_log(study, trial, Path(request.run_dir))
+    except (ProbeError, ProbePruned) as exc:
+        record_outcome(study, trial, ratio, error=exc)
+        return
+    record_outcome(study, trial, ratio, result=result)
+
+
+def record_outcome(study: optuna.Study, trial: optuna.Trial, ratio: float, *, result: ProbeResult | None = None,
+                   error: Exception | None = None) -> None:
+    """Store a probe's outcome on its trial and tell the study; an environment error is re-raised after."""
+    multi = len(study.directions) == 2
+    gate = MemoryGate.of(study)
+    if isinstance(error, ProbeOOM):
+        set_constraints(trial, memory=error.over_gib if error.over_gib and error.over_gib > 0 else 1.0)
         trial.set_user_attr("state", "oom")
-        trial.set_user_attr("reason", str(exc)[:500])
-        trial.set_user_attr("oom_phase", exc.phase)
-        trial.set_user_attr("oom_kind", exc.kind)
-        if exc.peak_mem_gib is not None:
-            trial.set_user_attr("peak_mem_gib", exc.peak_mem_gib)
+        trial.set_user_attr("reason", str(error)[:500])
+        trial.set_user_attr("oom_phase", error.phase)
+        trial.set_user_attr("oom_kind", error.kind)
+        if error.peak_mem_gib is not None:
+            trial.set_user_attr("peak_mem_gib", error.peak_mem_gib)
         if gate.learn(ratio, measured_oom=True):
             gate.save(study)
         _tell_placeholder(study, trial)
-        return
-    except ProbeRejected as exc:
+    elif isinstance(error, ProbeRejected):
         set_constraints(trial, rules=1.0)
         trial.set_user_attr("state", "rejected")
-        trial.set_user_attr("reason", f"verl refused it at start-up: {exc}"[:500])
+        trial.set_user_attr("reason", f"verl refused it at start-up: {error}"[:500])
         _tell_placeholder(study, trial)
-        return
-    except ProbePruned as exc:
+    elif isinstance(error, ProbePruned):
         set_constraints(trial)
         trial.set_user_attr("state", "pruned")
-        trial.set_user_attr("reason", str(exc))
+        trial.set_user_attr("reason", str(error))
         study.tell(trial, state=TrialState.PRUNED)
-        return
-    except ProbeEnvironmentError as exc:
+    elif isinstance(error, ProbeEnvironmentError):
         trial.set_user_attr("state", "failed")
-        trial.set_user_attr("reason", f"environment: {exc}")
+        trial.set_user_attr("reason", f"environment: {error}")
         study.tell(trial, state=TrialState.FAIL)
-        raise
-    except (ProbeCrashed, ProbeTimeout) as exc:
+        raise error
+    elif error is not None:
         trial.set_user_attr("state", "failed")
-        trial.set_user_attr("reason", f"{type(exc).__name__}: {exc}"[:500])
+        trial.set_user_attr("reason", f"{type(error).__name__}: {error}"[:500])
         study.tell(trial, state=TrialState.FAIL)
-        return
-    _record_result(trial, result)
-    if gate.learn(ratio, measured_oom=False):
-        gate.save(study)
-    study.tell(trial, [result.tokens_per_s_per_gpu, result.peak_mem_gib] if multi else result.tokens_per_s_per_gpu)
+    else:
+        _record_result(trial, result)
+        if gate.learn(ratio, measured_oom=False):
+            gate.save(study)
+        study.tell(trial, [result.tokens_per_s_per_gpu, result.peak_mem_gib] if multi else result.tokens_per_s_per_gpu)
 
 
 def _keep_probe_log(study: optuna.Study, trial: optuna.Trial, run_dir: Path) -> None:
