@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=whole_int, default=None, help="sampler seed")
     run.add_argument("--config", type=Path, help="tune.yaml: workload, pinned knobs, narrowed ranges")
     run.add_argument("--gpu", help="GPU type when none is detected (default H200; see hardware table)")
+    run.add_argument("--executor", choices=("local", "ray"), default="local",
+                     help="local: one probe at a time here; ray: probes as Ray tasks, several in flight")
+    run.add_argument("--ray-address", help="Ray cluster to join with --executor ray (default: start a local one)")
     run.add_argument("--quiet", action="store_true", help="no per-trial lines")
     run.set_defaults(func=cmd_run)
 
@@ -162,8 +165,13 @@ def build_tune_config(args):
         raise ConfigError("--model is required (or `model:` in tune.yaml); see `autotune models`")
     model = job.model if job is not None and not (args.model or tune.model) else get_model(model_name)
     detected = detect_gpus()
-    choice = choose_backend(args.backend, detected)
-    if choice.name != "sim" and detected is not None and args.nodes == 1 and args.gpus > detected.count:
+    if getattr(args, "executor", "local") == "ray" and args.backend in ("torch", "verl"):
+        from autotune.objectives.select import BackendChoice
+        choice = BackendChoice(args.backend, None)  # probes run on the Ray workers, which have the packages
+    else:
+        choice = choose_backend(args.backend, detected)
+    if choice.name != "sim" and detected is not None and args.nodes == 1 and args.gpus > detected.count \
+            and getattr(args, "executor", "local") == "local":
         raise ConfigError(f"--gpus {args.gpus} but this machine has {detected.count} GPU(s)")
     gpu_name = args.gpu or tune.gpu
     if gpu_name:
@@ -245,10 +253,17 @@ def cmd_run(args) -> int:
     from autotune.ui import print_best_table
 
     cfg = build_tune_config(args)
-    runner = get_runner(cfg.backend)
-    with RunProgress(cfg.trials, study_name=cfg.study_name, simulated=runner.simulated,
-                     warmup_steps=cfg.probe.warmup_steps, quiet=args.quiet) as progress:
-        study = run_study(cfg, runner, on_trial=progress.on_trial, on_step=progress.on_step)
+    if args.executor == "ray":
+        from autotune.search.ray_executor import run_study_ray
+
+        with RunProgress(cfg.trials, study_name=cfg.study_name, simulated=cfg.backend == "sim",
+                         warmup_steps=cfg.probe.warmup_steps, quiet=args.quiet) as progress:
+            study = run_study_ray(cfg, address=args.ray_address, on_trial=progress.on_trial)
+    else:
+        runner = get_runner(cfg.backend)
+        with RunProgress(cfg.trials, study_name=cfg.study_name, simulated=runner.simulated,
+                         warmup_steps=cfg.probe.warmup_steps, quiet=args.quiet) as progress:
+            study = run_study(cfg, runner, on_trial=progress.on_trial, on_step=progress.on_step)
     doc = summary(study, cfg.storage_url)
     if doc["best"] is not None:
         best_yaml = export_best(study, cfg.out_dir)
