@@ -120,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `autotune ... | head`: the reader left; nothing more to say
         sys.stderr.close()
         return 0
+    except OSError as exc:  # writing results or exports: a full disk, a read-only folder
+        print(f"autotune: error: cannot write {exc.filename or 'a file'}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
 
 
 # ---- run ------------------------------------------------------------------------------------------------

@@ -31,6 +31,14 @@ class StorageError(AutotuneError):
     exit_code = 2
 
 
+class StorageUnavailable(AutotuneError):
+    """The study database stopped answering during a run (locked, restarting, unreachable) past the retries."""
+
+
+class RunFolderError(AutotuneError):
+    """The run folder cannot be written (disk full, read-only): nothing can be probed."""
+
+
 class ProbeError(AutotuneError):
     """A probe did not produce a measurement."""
 

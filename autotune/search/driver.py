@@ -20,7 +20,8 @@ from optuna.trial import TrialState
 
 from autotune import interrupt
 from autotune.config import TuneConfig
-from autotune.errors import ConfigError, ProbeEnvironmentError, ProbeError, ProbeOOM, ProbeRejected
+from autotune.errors import (ConfigError, ProbeEnvironmentError, ProbeError, ProbeOOM, ProbeRejected,
+                             RunFolderError)
 from autotune.objectives.base import ProbePruned, ProbeRequest, ProbeResult, ProbeRunner
 from autotune.objectives.memory import estimate_memory
 from autotune.search.prescreen import MemoryGate, inferred_oom, known_fit, memory_ratio
@@ -332,7 +333,7 @@ def prepare_trial(ctx: StudyContext, study: optuna.Study,
                            + f" (gate: ratio {ratio:.2f} > {1 + gate.margin:.2f})")
             return None
         trial.set_user_attr("known_fit_from", fit.number)
-    return launch_request(ctx, trial, candidate, workload), ratio
+    return launch_request(ctx, study, trial, candidate, workload), ratio
 
 
 def _record_inferred_oom(study: optuna.Study, trial: optuna.Trial, source: optuna.trial.FrozenTrial) -> None:
@@ -351,11 +352,15 @@ def _tell_placeholder(study: optuna.Study, trial: optuna.Trial) -> None:
     study.tell(trial, [0.0, 0.0] if len(study.directions) == 2 else 0.0)
 
 
-def launch_request(ctx: StudyContext, trial: optuna.Trial, candidate: Candidate, workload: Workload) -> ProbeRequest:
+def launch_request(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial, candidate: Candidate,
+                   workload: Workload) -> ProbeRequest:
     cfg = ctx.cfg
     run_dir = Path(cfg.out_dir) / "runs" / f"{cfg.study_name}-trial{trial.number:04d}"
     if not ctx.runner.simulated:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            _fail_run_folder(study, trial, run_dir, exc)
     trial.set_user_attr("run_dir", str(run_dir.resolve()))
     trial.set_user_attr("launched", True)
     return ProbeRequest(model=cfg.model, gpu=cfg.gpu, n_gpus=cfg.gpus_per_node, nodes=cfg.nodes,
@@ -384,7 +389,18 @@ def _probe(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial, request:
     except (ProbeError, ProbePruned) as exc:
         record_outcome(study, trial, ratio, error=exc)
         return
+    except OSError as exc:  # the run folder: disk full, read-only, removed under us
+        _fail_run_folder(study, trial, Path(request.run_dir), exc)
     record_outcome(study, trial, ratio, result=result)
+
+
+def _fail_run_folder(study: optuna.Study, trial: optuna.Trial, run_dir: Path, exc: OSError) -> None:
+    """A probe cannot run without its folder: record the trial as failed and stop the study with the cause."""
+    reason = f"cannot write the run folder {run_dir}: {exc.strerror or exc}"
+    trial.set_user_attr("state", "failed")
+    trial.set_user_attr("reason", reason)
+    study.tell(trial, state=TrialState.FAIL)
+    raise RunFolderError(f"{reason}; finished trials are stored, free the disk and run the same command")
 
 
 def record_outcome(study: optuna.Study, trial: optuna.Trial, ratio: float, *, result: ProbeResult | None = None,
@@ -437,9 +453,13 @@ def _keep_probe_log(study: optuna.Study, trial: optuna.Trial, run_dir: Path) -> 
     from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 
     store_dir = run_dir.parent.parent / "artifacts"
-    store_dir.mkdir(parents=True, exist_ok=True)
-    artifact_id = upload_artifact(artifact_store=FileSystemArtifactStore(str(store_dir)), file_path=str(log_path),
-                                  study_or_trial=trial)
+    try:
+        store_dir.mkdir(parents=True, exist_ok=True)
+        artifact_id = upload_artifact(artifact_store=FileSystemArtifactStore(str(store_dir)),
+                                      file_path=str(log_path), study_or_trial=trial)
+    except OSError as exc:  # the log stays in the run folder; a full disk must not lose the measurement
+        trial.set_user_attr("log_artifact_error", f"{exc.strerror or exc}")
+        return
     trial.set_user_attr("log_artifact_id", artifact_id)
 
 

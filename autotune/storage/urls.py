@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import optuna
@@ -9,7 +10,7 @@ import sqlalchemy
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 
-from autotune.errors import ConfigError, StorageError
+from autotune.errors import ConfigError, StorageError, StorageUnavailable
 from autotune.storage.journal import check_journal_url, is_journal_url, open_journal_storage
 
 DB_FILENAME = "autotune.db"
@@ -42,6 +43,51 @@ def check_storage_url(url: str) -> str:
     return url
 
 
+STORAGE_RETRY_WAITS_S = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)  # ~30 s: a database restart or a held lock
+
+
+def _retrying(name: str):
+    original = getattr(optuna.storages.RDBStorage, name)
+
+    def call(self, *args, **kwargs):
+        for wait_s in STORAGE_RETRY_WAITS_S + (None,):
+            try:
+                return original(self, *args, **kwargs)
+            except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError,
+                    optuna.exceptions.StorageInternalError) as exc:
+                cause = exc.__cause__ if isinstance(exc, optuna.exceptions.StorageInternalError) else exc
+                if not isinstance(cause, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)):
+                    raise  # a real error in the data, not a lost connection or a lock: never retried
+                exc = cause
+                if wait_s is None:
+                    reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+                    raise StorageUnavailable(
+                        f"the study database stopped answering ({reason}) for {sum(STORAGE_RETRY_WAITS_S):.0f} s; "
+                        "finished trials are stored, run the same command to resume") from None
+                time.sleep(wait_s)
+
+    call.__name__ = name
+    call.__doc__ = original.__doc__
+    return call
+
+
+class RetryingRDBStorage(optuna.storages.RDBStorage):
+    """RDBStorage whose every call is retried on a lost connection or a locked database, with back-off.
+
+    A PostgreSQL restart or another worker holding SQLite's write lock then costs a pause, not the run;
+    each storage call is one transaction, so a call that failed did not happen and is safe to repeat.
+    """
+
+
+# every call that reaches the database, the private ones Optuna's _CachedStorage uses included
+_DB_CALLS = optuna.storages.BaseStorage.__abstractmethods__ | {
+    "get_n_trials", "get_best_trial", "get_trial_id_from_study_id_trial_number", "record_heartbeat",
+    "_create_new_trial", "_get_best_trial_id", "_get_stale_trial_ids", "_get_trials", "_set_trial_param"}
+for _name in sorted(_DB_CALLS):
+    if hasattr(optuna.storages.RDBStorage, _name):
+        setattr(RetryingRDBStorage, _name, _retrying(_name))
+
+
 def open_storage(url: str) -> optuna.storages.BaseStorage:
     """Connect (creating Optuna's tables on first use); a failure is one StorageError line."""
     if is_journal_url(url):
@@ -51,7 +97,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     # SQLite: wait for a lock held by another process instead of failing at once.
     engine_kwargs = {"connect_args": {"timeout": 30}} if backend == "sqlite" else {"pool_pre_ping": True}
     try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+        return RetryingRDBStorage(url, engine_kwargs=engine_kwargs)
     except (SQLAlchemyError, OSError) as exc:
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         raise StorageError(f"cannot open storage {redact(url)}: {reason}") from None
