@@ -17,6 +17,8 @@ from autotune.errors import AutotuneError, ConfigError
 EPILOG = """examples:
   autotune run --model qwen2.5-7b --gpus 8              # search, store, export best.yaml
   autotune run --model qwen2.5-7b --gpus 8 --config tune.yaml --trials 60
+  autotune run --from run_grpo.sh --gpus 8 -- trainer.total_epochs=3   # start from your own verl job
+  autotune estimate --from run_grpo.sh --gpus 8 --gpu H100-80GB      # one configuration, no search
   autotune show --out autotune-out                       # the stored trials
   autotune export --out autotune-out                     # best.yaml from the stored study
   autotune models                                        # known models and their shapes
