@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from autotune.errors import ConfigError
 
 
 def whole_int(text: str) -> int:
@@ -17,3 +20,16 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def writable_folder(out: str) -> Path:
+    """--out: created if missing, and proven writable before anything is stored."""
+    path = Path(out).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".autotune-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: not a writable folder ({exc.strerror or exc})") from None
+    return path

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from autotune import __version__
-from autotune.argtypes import positive_int, whole_int
+from autotune.argtypes import positive_int, whole_int, writable_folder
 from autotune.errors import AutotuneError, ConfigError
 
 EPILOG = """examples:
@@ -129,18 +129,6 @@ def main(argv: list[str] | None = None) -> int:
 
 # ---- run ------------------------------------------------------------------------------------------------
 
-def _check_out_dir(out: str) -> Path:
-    path = Path(out).expanduser()
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".autotune-write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise ConfigError(f"--out {out}: not a writable folder ({exc.strerror or exc})") from None
-    return path
-
-
 def build_tune_config(args):
     """Validate everything the user gave, without touching storage."""
     from autotune.config import TuneConfig, TuneYaml, check_study_name, default_study_name, load_tune_yaml
@@ -185,7 +173,7 @@ def build_tune_config(args):
         gpu = match_device_name(detected.device_name)
     else:
         gpu = get_gpu(DEFAULT_GPU)
-    out_dir = _check_out_dir(args.out)
+    out_dir = writable_folder(args.out)
     storage_url = check_storage_url(args.storage or default_storage_url(out_dir))
     study = check_study_name(args.study or default_study_name(model, args.gpus, args.nodes, choice.name))
     tune_workload = tuple(dict.fromkeys(tune.tune_workload + tuple(args.tune_workload)))
@@ -293,25 +281,10 @@ def cmd_models(args) -> int:
 
 
 def _load_study(args):
-    import optuna
+    """The study named by --study (or the only one) in --storage or OUT/autotune.db; never creates one."""
+    from autotune.study_tools import load_study, resolve_storage
 
-    from autotune.storage.urls import default_storage_url, open_storage
-
-    out_dir = Path(args.out).expanduser()
-    url = args.storage or default_storage_url(out_dir)
-    if not args.storage and not (out_dir / "autotune.db").is_file():
-        raise ConfigError(f"no study database at {out_dir / 'autotune.db'}; run `autotune run` first or pass --storage")
-    storage = open_storage(url)
-    names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
-    if args.study:
-        if args.study not in names:
-            raise ConfigError(f"no study {args.study!r} in {url}; studies: {', '.join(names) or 'none'}")
-        name = args.study
-    elif len(names) == 1:
-        name = names[0]
-    else:
-        raise ConfigError(f"{len(names)} studies in the storage; pick one with --study ({', '.join(names) or 'none'})")
-    return optuna.load_study(study_name=name, storage=storage), out_dir
+    return load_study(resolve_storage(args.storage, args.out), args.study), Path(args.out).expanduser()
 
 
 def cmd_show(args) -> int:
@@ -326,7 +299,7 @@ def cmd_export(args) -> int:
     from autotune.storage.results import export_best
 
     study, out_dir = _load_study(args)
-    _check_out_dir(str(out_dir))
+    writable_folder(str(out_dir))
     path = export_best(study, out_dir)
     print(f"wrote {path}")
     return 0

@@ -17,7 +17,7 @@ import os
 import socket
 from pathlib import Path
 
-from autotune.argtypes import positive_int
+from autotune.argtypes import positive_int, whole_int, writable_folder
 from autotune.errors import ConfigError
 
 DEFAULT_OUT = "autotune-out"
@@ -28,13 +28,6 @@ def _port(text: str) -> int:
     if value > 65535:
         raise argparse.ArgumentTypeError(f"must be a TCP port (1-65535), got {value}")
     return value
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
 
 
 def add_commands(subparsers) -> None:
@@ -66,7 +59,7 @@ def add_commands(subparsers) -> None:
     worker.add_argument("--trials", type=positive_int, default=40,
                         help="finished trials the study should hold, counting every worker's (default 40)")
     worker.add_argument("--out", default=DEFAULT_OUT, help="folder for probe runs and logs (default ./autotune-out)")
-    worker.add_argument("--seed", type=_int, default=None, help="sampler seed (default none: workers must differ)")
+    worker.add_argument("--seed", type=whole_int, default=None, help="sampler seed (default none: workers must differ)")
     worker.add_argument("--config", type=Path,
                         help="the tune.yaml the study was started with (pinned knobs, narrowed ranges, probe steps)")
     worker.add_argument("--quiet", action="store_true", help="no per-trial lines")
@@ -74,14 +67,6 @@ def add_commands(subparsers) -> None:
 
 
 # ---- shared: storage and study ---------------------------------------------------------------------------
-
-def open_any_storage(url: str):
-    """`journal:///path` as Optuna journal storage, anything else as an SQLAlchemy URL."""
-    from autotune.storage.journal import is_journal_url, open_journal_storage
-    from autotune.storage.urls import open_storage
-
-    return open_journal_storage(url) if is_journal_url(url) else open_storage(url)
-
 
 def _existing_file_of(url: str) -> Path | None:
     """The file behind a file-based storage URL (SQLite, journal), None for a database server."""
@@ -118,9 +103,9 @@ def load_study(url: str, name: str | None):
     """The named study, or the only one; one-line errors for an empty storage or an unknown name."""
     import optuna
 
-    from autotune.storage.urls import redact
+    from autotune.storage.urls import open_storage, redact
 
-    storage = open_any_storage(url)
+    storage = open_storage(url)
     names = optuna.get_all_study_names(storage)
     if not names:
         raise ConfigError(f"no studies in {redact(url)}; run `autotune run --storage ...` first")
@@ -130,18 +115,6 @@ def load_study(url: str, name: str | None):
         raise ConfigError(f"{len(names)} studies in {redact(url)}; pick one with --study ({', '.join(names)})")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return optuna.load_study(study_name=name or names[0], storage=storage)
-
-
-def check_out_dir(out: str) -> Path:
-    path = Path(out).expanduser()
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".autotune-write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise ConfigError(f"--out {out}: not a writable folder ({exc.strerror or exc})") from None
-    return path
 
 
 # ---- dashboard -------------------------------------------------------------------------------------------
@@ -168,10 +141,10 @@ def cmd_dashboard(args) -> int:
     from socketserver import ThreadingMixIn
     from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-    from autotune.storage.urls import redact
+    from autotune.storage.urls import open_storage, redact
 
     url = resolve_storage(args.storage, args.out)
-    storage = open_any_storage(url)
+    storage = open_storage(url)
     names = optuna.get_all_study_names(storage)
     if not names:
         raise ConfigError(f"no studies in {redact(url)}; run `autotune run --storage ...` first")
@@ -208,7 +181,7 @@ def cmd_report(args) -> int:
     from autotune.report import write_report
 
     url = resolve_storage(args.storage, args.out)
-    out_dir = check_out_dir(args.out)
+    out_dir = writable_folder(args.out)
     study = load_study(url, args.study)
     report = write_report(study, out_dir, storage_url=url)
     label = " (SIMULATED study)" if report.simulated else ""
@@ -295,7 +268,7 @@ def cmd_worker(args) -> int:
 
     check_study_name(args.study)
     url = resolve_storage(args.storage, args.out)
-    out_dir = check_out_dir(args.out)
+    out_dir = writable_folder(args.out)
     study = load_study(url, args.study)
     cfg = worker_config(study, storage_url=url, trials=args.trials, out_dir=out_dir, seed=args.seed,
                         config=args.config)
@@ -320,5 +293,5 @@ def cmd_worker(args) -> int:
     return 0
 
 
-__all__ = ["add_commands", "cmd_dashboard", "cmd_report", "cmd_worker", "load_study", "open_any_storage",
+__all__ = ["add_commands", "cmd_dashboard", "cmd_report", "cmd_worker", "load_study",
            "resolve_storage", "worker_config"]
