@@ -234,14 +234,20 @@ def budget_left(cfg: TuneConfig, study: optuna.Study, started_s: float) -> str |
     return None
 
 
-def run_study(cfg: TuneConfig, runner: ProbeRunner, *, on_trial: TrialCallback | None = None,
-              on_step: Callable[[int, int, float], None] | None = None) -> optuna.Study:
-    """Run trials until the study holds `cfg.trials` finished ones or the budget ends (a second run resumes)."""
+def start_study(cfg: TuneConfig) -> tuple[SearchSpace, optuna.Study]:
+    """Open (or resume) the study: fail trials of a dead tuner, then queue the baseline and the warm start."""
     space = build_space(cfg)
     study = open_study(cfg)
     fail_dead_local_trials(study)
     enqueue_baseline(study, cfg, space)
     enqueue_warm_start(study, cfg, space)
+    return space, study
+
+
+def run_study(cfg: TuneConfig, runner: ProbeRunner, *, on_trial: TrialCallback | None = None,
+              on_step: Callable[[int, int, float], None] | None = None) -> optuna.Study:
+    """Run trials until the study holds `cfg.trials` finished ones or the budget ends (a second run resumes)."""
+    space, study = start_study(cfg)
     ctx = StudyContext(cfg=cfg, space=space, runner=runner, on_step=on_step)
     started_s = time.monotonic()
     while finished_count(study) < cfg.trials:

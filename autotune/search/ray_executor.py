@@ -71,11 +71,7 @@ def run_study_ray(cfg: TuneConfig, *, address: str | None = None, max_in_flight:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     runner: ProbeRunner = get_runner(cfg.backend) if cfg.backend == "sim" else _LocalChecks(cfg.backend)
-    space = driver.build_space(cfg)
-    study = driver.open_study(cfg)
-    driver.fail_dead_local_trials(study)
-    driver.enqueue_baseline(study, cfg, space)
-    driver.enqueue_warm_start(study, cfg, space)
+    space, study = driver.start_study(cfg)
     ctx = driver.StudyContext(cfg=cfg, space=space, runner=runner)
     remote = ray.remote(probe_on_worker)
     cluster_gpus = ray.cluster_resources().get("GPU", 0)
