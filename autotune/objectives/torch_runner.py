@@ -65,8 +65,8 @@ def unsupported_reason(candidate: Candidate, workload: Workload) -> str | None:
         return "the torch backend measures FSDP layouts only, but got actor_engine='megatron'"
     if candidate.ulysses_sp != 1:
         return f"the torch backend does not implement Ulysses sequence parallelism, but got ulysses_sp={candidate.ulysses_sp}"
-    if workload.lora_rank:
-        return f"the torch backend does not implement LoRA, but got lora_rank={workload.lora_rank}"
+    if workload.lora_rank and importlib.util.find_spec("peft") is None:
+        return f"the torch backend measures LoRA (lora_rank={workload.lora_rank}) with peft, which is not installed"
     return None
 
 

@@ -17,12 +17,12 @@ Weights are random (speed and memory do not depend on them); nothing is download
 GRPO's, but its numbers are not the point: shapes, memory and FLOPs are.
 
 Choices that differ from verl, each because the real thing needs a package we do not assume:
-- Padding instead of flash-attn varlen packing. verl with `use_remove_padding` packs a micro-batch
-  into one row and runs flash-attn varlen kernels; with plain `sdpa`, a packed row would cost
-  attention over the whole row (T^2 instead of sum s^2). So each micro-batch is instead right-padded
-  to its own longest sequence, after sorting the mini-batch by length, which makes the padding a few
-  percent; right padding needs no attention mask (causal attention never looks ahead), so sdpa keeps
-  its fused causal kernel. `use_remove_padding=False` pads every row to prompt+response max like verl.
+- Packing as verl's `use_remove_padding`: a micro-batch is one row of concatenated sequences with
+  position ids restarting per sequence, and attention runs PyTorch's flash-attention varlen kernel
+  (`torch.nn.attention.varlen.varlen_attn`, registered with transformers as an attention function)
+  over the sequence boundaries, as verl's flash-attn `unpad_input` path does. FLOPs and activation
+  memory follow the real tokens, not a padded width. On the CPU (tests) the same function runs one
+  causal sdpa per sequence. `use_remove_padding=False` pads every row to prompt+response max like verl.
 - Log-probs: `logsumexp` in fp32 is checkpointed per chunk of tokens, so training keeps the bf16
   logits but not an fp32 copy, the memory profile of flash-attn's cross-entropy kernel that verl uses
   when flash-attn is installed (verl/utils/torch_functional.py `logprobs_from_logits`).
@@ -32,8 +32,9 @@ Choices that differ from verl, each because the real thing needs a package we do
   and KV heads split, one GPU's share of the replica's sequences), not in time: decode here reads
   all the weights on one GPU.
 - One process stands for one GPU of an N-GPU job: it does 1/dp of the step's trajectories but holds
-  a whole (unsharded) actor, so its memory is an upper bound on FSDP's unless it runs under torchrun
-  with the job's real GPU count, where the actor is sharded with FSDP2.
+  a whole actor (FSDP2 over a world of one, as verl wraps even one GPU), so its memory is an upper
+  bound on FSDP's unless it runs under torchrun with the job's real GPU count, where the actor is
+  sharded over every rank.
 """
 
 from __future__ import annotations
@@ -180,13 +181,14 @@ def static_micro_batches(indices: Sequence[int], micro_batch_size: int) -> list[
     return [list(indices[i:i + micro_batch_size]) for i in range(0, len(indices), micro_batch_size)]
 
 
-def pack_by_token_budget(lengths: dict[int, int], max_tokens: int) -> list[list[int]]:
+def pack_by_token_budget(lengths: dict[int, int], max_tokens: int, *, padded: bool = False) -> list[list[int]]:
     """Greedy packing for use_dynamic_bsz: every sequence placed once, no micro-batch over budget.
 
-    Sequences are taken shortest first and a micro-batch is closed when adding the next one would
-    make (count x longest) exceed `max_tokens`: the padded tensor we build, not only the real tokens
-    (verl's sum-of-lengths bound), stays within the budget. Sorted neighbours differ little in
-    length, so the count is close to verl's ceil(total / max_tokens).
+    Packed (use_remove_padding) micro-batches count their real tokens, verl's bound
+    (utils/seqlen_balancing.py rearrange_micro_batches: sum of lengths <= max_token_len). Padded ones
+    count the tensor we build, count x longest. Sequences are taken shortest first and a micro-batch
+    is closed when the next one would break the bound, so the count is close to verl's
+    ceil(total / max_tokens).
     """
     too_long = max(lengths.values(), default=0)
     if too_long > max_tokens:
@@ -195,23 +197,25 @@ def pack_by_token_budget(lengths: dict[int, int], max_tokens: int) -> list[list[
                          f"Got max_token_len={max_tokens} and max_seq_len={too_long}")
     batches: list[list[int]] = []
     current: list[int] = []
+    current_tokens = 0
     for index in sorted(lengths, key=lambda i: (lengths[i], i)):
-        if current and (len(current) + 1) * lengths[index] > max_tokens:
+        cost = (len(current) + 1) * lengths[index] if padded else current_tokens + lengths[index]
+        if current and cost > max_tokens:
             batches.append(current)
-            current = []
+            current, current_tokens = [], 0
         current.append(index)
+        current_tokens += lengths[index]
     if current:
         batches.append(current)
     return batches
 
 
 def micro_batches(indices: Sequence[int], lengths: dict[int, int], *, dynamic: bool, micro_batch_size: int,
-                  max_tokens: int) -> list[list[int]]:
+                  max_tokens: int, padded: bool = False) -> list[list[int]]:
     """Micro-batches of one pass over `indices`: by count, or by token budget when dynamic."""
     if dynamic:
-        return pack_by_token_budget({i: lengths[i] for i in indices}, max_tokens)
-    by_length = sorted(indices, key=lambda i: (lengths[i], i))  # less padding; see module docstring
-    return static_micro_batches(by_length, micro_batch_size)
+        return pack_by_token_budget({i: lengths[i] for i in indices}, max_tokens, padded=padded)
+    return static_micro_batches(list(indices), micro_batch_size)  # in order, as verl splits a batch
 
 
 def sample_prompt_lengths(rng: random.Random, count: int, workload: Workload) -> list[int]:
@@ -364,13 +368,68 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-def build_causal_lm(model: ModelSpec, *, dtype: torch.dtype, device: torch.device, max_len: int):
-    """The model's transformers class from the model table, random weights, sdpa attention."""
+PACKED_ATTENTION = "autotune_packed"
+
+
+def _varlen_kwargs() -> dict:
+    """Causal flag for torch's varlen_attn across versions: 2.9-2.11 take is_causal, later ones a
+    window (-1, 0); GQA is native in the flash kernel, explicit (enable_gqa) where the keyword exists."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    params = inspect.signature(varlen_attn).parameters
+    kwargs = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    if "enable_gqa" in params:
+        kwargs["enable_gqa"] = True
+    return kwargs
+
+
+def varlen_causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seqlens: torch.Tensor,
+                            max_seqlen: int, scale: float | None) -> torch.Tensor:
+    """Causal attention within each packed sequence; [T, H, D] in and out, sequences delimited by
+    cu_seqlens (flash-attn's varlen convention, which verl's remove-padding path uses)."""
+    if query.is_cuda:
+        from torch.nn.attention.varlen import varlen_attn
+
+        return varlen_attn(query, key, value, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, scale=scale,
+                           **_varlen_kwargs())
+    # CPU (tests): the same maths one sequence at a time
+    bounds = cu_seqlens.tolist()
+    pieces = [F.scaled_dot_product_attention(query[a:b].transpose(0, 1), key[a:b].transpose(0, 1),
+                                             value[a:b].transpose(0, 1), is_causal=True, scale=scale,
+                                             enable_gqa=True).transpose(0, 1)
+              for a, b in zip(bounds[:-1], bounds[1:])]
+    return torch.cat(pieces)
+
+
+def packed_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                             cu_seq_lens_q=None, max_length_q=None, **kwargs):
+    """transformers attention function (AttentionInterface): varlen attention over one packed row when
+    the forward passes cu_seq_lens_q (flash-attn kwarg names), plain sdpa otherwise."""
+    if cu_seq_lens_q is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    q, k, v = (t.squeeze(0).transpose(0, 1) for t in (query, key, value))  # [1, H, T, D] -> [T, H, D]
+    return varlen_causal_attention(q, k, v, cu_seq_lens_q, int(max_length_q), scaling).unsqueeze(0), None
+
+
+def _register_packed_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(PACKED_ATTENTION, packed_attention_forward)
+
+
+def build_causal_lm(model: ModelSpec, *, dtype: torch.dtype, device: torch.device, max_len: int,
+                    attention: str = "sdpa"):
+    """The model's transformers class from the model table, random weights."""
     import transformers
 
     transformers.logging.set_verbosity_error()
+    if attention == PACKED_ATTENTION:
+        _register_packed_attention()
     cls = getattr(transformers, model.architecture)
-    config = cls.config_class(**model.hf_config(), attn_implementation="sdpa",
+    config = cls.config_class(**model.hf_config(), attn_implementation=attention,
                               max_position_embeddings=max(max_len, 32768), use_cache=False)
     with _default_dtype(dtype), torch.device(device):
         return cls(config)
@@ -389,8 +448,53 @@ def _cache_kwarg(decoder) -> str:
     return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
 
 
+@dataclass(frozen=True)
+class MicroBatch:
+    """One forward's input. Packed: input_ids [1, sum of lengths] with per-sequence position ids and
+    cu_seqlens. Padded: [B, T] right-padded rows. `targets` [B, R] index the flattened [B*T] logits
+    at the positions that predict each response token."""
+
+    input_ids: torch.Tensor
+    targets: torch.Tensor
+    position_ids: torch.Tensor | None = None
+    cu_seqlens: torch.Tensor | None = None
+    max_seqlen: int = 0
+
+    def decoder_kwargs(self) -> dict:
+        if self.cu_seqlens is None:
+            return {}
+        return {"position_ids": self.position_ids, "cu_seq_lens_q": self.cu_seqlens, "cu_seq_lens_k": self.cu_seqlens,
+                "max_length_q": self.max_seqlen, "max_length_k": self.max_seqlen}
+
+
+def packed_micro_batch(sequences: Sequence[torch.Tensor], prompt_lengths: Sequence[int], response_length: int,
+                       device: torch.device) -> MicroBatch:
+    """Concatenate sequences into one row (verl's remove-padding layout)."""
+    lengths = [seq.numel() for seq in sequences]
+    offsets = [0]
+    for length in lengths:
+        offsets.append(offsets[-1] + length)
+    ids = torch.cat(list(sequences)).to(device)[None, :]
+    position_ids = torch.cat([torch.arange(length, device=device) for length in lengths])[None, :]
+    starts = torch.tensor([o + p - 1 for o, p in zip(offsets, prompt_lengths)], device=device)
+    targets = starts[:, None] + torch.arange(response_length, device=device)[None, :]
+    cu_seqlens = torch.tensor(offsets, dtype=torch.int32, device=device)
+    return MicroBatch(ids, targets, position_ids, cu_seqlens, max(lengths))
+
+
+def padded_micro_batch(sequences: Sequence[torch.Tensor], prompt_lengths: Sequence[int], response_length: int,
+                       width: int, device: torch.device) -> MicroBatch:
+    """Right-padded rows of `width` tokens; causal attention never looks ahead, so no mask is needed."""
+    ids = torch.zeros(len(sequences), width, dtype=torch.long, device=device)
+    for row, seq in enumerate(sequences):
+        ids[row, :seq.numel()] = seq
+    starts = torch.tensor(prompt_lengths, device=device) - 1 + torch.arange(len(sequences), device=device) * width
+    targets = starts[:, None] + torch.arange(response_length, device=device)[None, :]
+    return MicroBatch(ids, targets)
+
+
 class PolicyHead(torch.nn.Module):
-    """Decoder + LM head -> per-position log-probs (and entropy), one module so FSDP2 can shard it.
+    """Decoder + LM head -> log-probs (and entropy) of the response tokens, one module so FSDP2 can shard it.
 
     Logits are computed for every position as verl's forward does (the LM head FLOPs verl counts),
     in bf16; only the fp32 log-softmax is chunked.
@@ -401,17 +505,18 @@ class PolicyHead(torch.nn.Module):
         self.lm = lm
         self.entropy_fn = entropy_fn
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, with_entropy: bool = False):
-        """Log-probs (and entropy) at `positions` [B, R]: the response tokens' predicting positions."""
-        hidden = self.lm.get_decoder()(input_ids=input_ids, use_cache=False).last_hidden_state
+    def forward(self, batch: MicroBatch, with_entropy: bool = False):
+        hidden = self.lm.get_decoder()(input_ids=batch.input_ids, use_cache=False,
+                                       **batch.decoder_kwargs()).last_hidden_state
         logits = self.lm.get_output_embeddings()(hidden)
-        batch, length, vocab = logits.shape
-        labels = torch.roll(input_ids, shifts=-1, dims=1).reshape(-1)  # next token; the last is unused
+        vocab = logits.shape[-1]
+        # next token of each position; a sequence's last position (unused) reads its neighbour's first
+        labels = torch.roll(batch.input_ids, shifts=-1, dims=1).reshape(-1)
         flat = logits.reshape(-1, vocab)
-        log_probs = token_log_probs(flat, labels).view(batch, length).gather(1, positions)
+        log_probs = token_log_probs(flat, labels)[batch.targets]
         if not with_entropy:
             return log_probs, None
-        return log_probs, chunked_entropy(flat, self.entropy_fn).view(batch, length).gather(1, positions)
+        return log_probs, chunked_entropy(flat, self.entropy_fn)[batch.targets]
 
 
 def make_entropy_fn(candidate: Candidate) -> Callable:
@@ -545,6 +650,9 @@ class Dist:
 
 
 def init_dist(device_kind: str) -> Dist:
+    """The process group: torchrun's, or one of a single rank, since verl wraps the actor in FSDP even
+    on one GPU and FSDP2 needs a group (mixed precision then works as verl's: bf16 compute copies
+    gathered per layer, fp32 master weights and gradients)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device_kind == "cuda":
@@ -554,10 +662,13 @@ def init_dist(device_kind: str) -> Dist:
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    if world_size > 1:
-        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    rank = torch.distributed.get_rank() if world_size > 1 else 0
-    return Dist(rank=rank, world_size=world_size, device=device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if not torch.distributed.is_initialized():
+        if world_size > 1:
+            torch.distributed.init_process_group(backend)
+        else:
+            torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0, world_size=1)
+    return Dist(rank=torch.distributed.get_rank(), world_size=world_size, device=device)
 
 
 def fsdp2_shard(policy: PolicyHead, *, param_dtype: torch.dtype) -> None:
@@ -576,6 +687,54 @@ def fsdp2_shard(policy: PolicyHead, *, param_dtype: torch.dtype) -> None:
 def full_param(param: torch.Tensor) -> torch.Tensor:
     """The whole parameter: FSDP2 holds DTensor shards, gathered for the rollout copy."""
     return param.full_tensor() if hasattr(param, "full_tensor") else param
+
+
+# ----------------------------------------------------------------------------------------------
+# LoRA (peft, as verl's FSDP engine)
+# ----------------------------------------------------------------------------------------------
+
+# verl 0.9.1 model/hf_model.yaml defaults: lora_alpha 16, target_modules all-linear (peft then skips
+# the LM head); the sim's lora_params counts the same seven projections per layer.
+LORA_ALPHA = 16
+LORA_TARGET_MODULES = "all-linear"
+
+
+def apply_lora(lm, rank: int):
+    """Frozen base, trainable rank-r adapters (peft.get_peft_model, as verl's FSDP engine does)."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as exc:
+        raise ImportError("LoRA in the torch backend needs peft: pip install peft") from exc
+    config = LoraConfig(r=rank, lora_alpha=LORA_ALPHA, target_modules=LORA_TARGET_MODULES, bias="none",
+                        task_type="CAUSAL_LM")
+    return get_peft_model(lm, config)
+
+
+def _base_name(peft_name: str) -> str:
+    """peft's parameter name -> the plain model's ("base_model.model.X.base_layer.weight" -> "X.weight")."""
+    return peft_name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+
+
+def lora_merged_weights(peft_lm) -> Iterator[tuple[str, torch.Tensor]]:
+    """(plain name, W + scaling * B @ A) for every weight of a peft model: what a merged rollout holds.
+
+    verl can also hand vLLM the adapters alone; copying merged weights is the upper bound of that sync.
+    """
+    from peft.tuners.lora import LoraLayer
+
+    deltas: dict[str, torch.Tensor] = {}
+    for name, module in peft_lm.named_modules():
+        if isinstance(module, LoraLayer) and module.lora_A:
+            adapter = module.active_adapters[0]
+            a = full_param(module.lora_A[adapter].weight)
+            b = full_param(module.lora_B[adapter].weight)
+            deltas[_base_name(name + ".base_layer.weight")] = module.scaling[adapter] * (b @ a)
+    for name, param in peft_lm.named_parameters():
+        if "lora_" in name:
+            continue
+        plain = _base_name(name)
+        weight = full_param(param)
+        yield plain, (weight + deltas[plain] if plain in deltas else weight)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -614,7 +773,7 @@ class GrpoProbe:
         self._build_models()
 
     def autocast(self) -> torch.autocast:
-        """bf16 compute over fp32 master weights (verl FSDP mixed precision)."""
+        """bf16 autocast around the forward, as verl's dp_actor (FSDP2 already computes in bf16)."""
         return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -622,22 +781,27 @@ class GrpoProbe:
     def _build_models(self) -> None:
         req, cand, device = self.req, self.cand, self.device
         max_len = self.work.seq_len
+        attention = PACKED_ATTENTION if cand.use_remove_padding else "sdpa"
         # verl FSDP keeps fp32 master weights (fsdp_config.model_dtype: fp32) and computes in bf16.
-        actor_lm = build_causal_lm(req.model, dtype=torch.float32, device=device, max_len=max_len)
+        actor_lm = build_causal_lm(req.model, dtype=torch.float32, device=device, max_len=max_len, attention=attention)
+        if self.work.lora_rank:
+            actor_lm = apply_lora(actor_lm, self.work.lora_rank)
         if cand.gradient_checkpointing:
             enable_gradient_checkpointing(actor_lm)
         self.actor = PolicyHead(actor_lm, make_entropy_fn(cand))
         self.rollout = build_causal_lm(req.model, dtype=torch.bfloat16, device=device, max_len=max_len).eval()
         self.ref = None
-        if self.work.use_kl_loss:
-            ref_lm = build_causal_lm(req.model, dtype=torch.bfloat16, device=device, max_len=max_len).eval()
+        # With LoRA the reference is the actor with its adapters disabled (verl's ref_in_actor,
+        # trainer/ppo/ray_trainer.py: "the reference policy will be actor without lora applied").
+        if self.work.use_kl_loss and not self.work.lora_rank:
+            ref_lm = build_causal_lm(req.model, dtype=torch.bfloat16, device=device, max_len=max_len,
+                                     attention=attention).eval()
             self.ref = PolicyHead(ref_lm, entropy_from_logits)
-        if self.dist.enabled:
-            fsdp2_shard(self.actor, param_dtype=torch.bfloat16)
-            if self.ref is not None:
-                fsdp2_shard(self.ref, param_dtype=torch.bfloat16)
-        self.optimizer = torch.optim.AdamW(self.actor.parameters(), lr=LR, weight_decay=WEIGHT_DECAY,
-                                           fused=device.type == "cuda")
+        fsdp2_shard(self.actor, param_dtype=torch.bfloat16)
+        if self.ref is not None:
+            fsdp2_shard(self.ref, param_dtype=torch.bfloat16)
+        trainable = [p for p in self.actor.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trainable, lr=LR, weight_decay=WEIGHT_DECAY, fused=device.type == "cuda")
         self._copy_actor_to(self.rollout)  # the rollout starts from the actor, as vLLM's first sync
         if cand.param_offload:
             self.actor.to("cpu")
@@ -645,9 +809,14 @@ class GrpoProbe:
             self.ref.to("cpu")
 
     def _copy_actor_to(self, target) -> None:
+        """fp32 -> bf16 cast copy of every weight; with LoRA, of the merged weights W + s*B@A."""
         with torch.no_grad():
-            for dst, src in zip(target.parameters(), self.actor.lm.parameters(), strict=True):
-                dst.copy_(full_param(src))  # fp32 -> bf16 cast copy
+            if not self.work.lora_rank:
+                for dst, src in zip(target.parameters(), self.actor.lm.parameters(), strict=True):
+                    dst.copy_(full_param(src))
+                return
+            for name, dst in lora_merged_weights(self.actor.lm):
+                target.get_parameter(name).copy_(dst)
 
     # -- phases ---------------------------------------------------------------------------------
 
@@ -712,34 +881,27 @@ class GrpoProbe:
         probs = torch.softmax(logits.float(), dim=-1)
         return torch.multinomial(probs, 1, generator=self.generator)
 
-    def _micro_batch_tensor(self, traj: Trajectories, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Right-padded [B, T] token ids and the [B, R] positions whose log-prob predicts a response token."""
+    def _micro_batch(self, traj: Trajectories, indices: list[int]) -> MicroBatch:
+        sequences = [traj.tokens[i] for i in indices]
         prompt_lens = [traj.prompt_lengths[i] for i in indices]
         if self.cand.use_remove_padding:
-            width = max(prompt_lens) + traj.response_length
-        else:
-            width = self.work.seq_len  # verl without rmpad pads to prompt+response max
-        ids = torch.zeros(len(indices), width, dtype=torch.long, device=self.device)
-        for row, index in enumerate(indices):
-            seq = traj.tokens[index]
-            ids[row, :seq.numel()] = seq
-        starts = torch.tensor(prompt_lens, device=self.device) - 1
-        positions = starts[:, None] + torch.arange(traj.response_length, device=self.device)[None, :]
-        return ids, positions
+            return packed_micro_batch(sequences, prompt_lens, traj.response_length, self.device)
+        # verl without remove-padding pads every row to prompt+response max
+        return padded_micro_batch(sequences, prompt_lens, traj.response_length, self.work.seq_len, self.device)
 
     def _forward_log_probs(self, policy: PolicyHead, traj: Trajectories, batches: list[list[int]],
                            with_entropy: bool) -> torch.Tensor:
         out = torch.empty(len(traj.tokens), traj.response_length, device=self.device)
         with torch.no_grad(), self.autocast():
             for indices in batches:
-                ids, positions = self._micro_batch_tensor(traj, indices)
-                log_probs, _entropy = policy(ids, positions, with_entropy=with_entropy)
+                log_probs, _entropy = policy(self._micro_batch(traj, indices), with_entropy=with_entropy)
                 out[indices] = log_probs
         return out
 
     def _log_prob_batches(self, traj: Trajectories, micro_batch_size: int) -> list[list[int]]:
         return micro_batches(range(len(traj.tokens)), traj.seq_lengths, dynamic=self.cand.use_dynamic_bsz,
-                             micro_batch_size=micro_batch_size, max_tokens=self.cand.log_prob_max_token_len_per_gpu)
+                             micro_batch_size=micro_batch_size, max_tokens=self.cand.log_prob_max_token_len_per_gpu,
+                             padded=not self.cand.use_remove_padding)
 
     def old_log_prob(self, traj: Trajectories) -> torch.Tensor:
         batches = self._log_prob_batches(traj, self.cand.log_prob_micro_batch_size_per_gpu)
@@ -749,6 +911,10 @@ class GrpoProbe:
 
     def ref_log_prob(self, traj: Trajectories) -> torch.Tensor:
         batches = self._log_prob_batches(traj, self.cand.ref_log_prob_micro_batch_size_per_gpu)
+        if self.ref is None:  # LoRA: the actor with its adapters disabled
+            self.actor.eval()
+            with resident(self.actor, self.device, offload=self.cand.param_offload), self.actor.lm.disable_adapter():
+                return self._forward_log_probs(self.actor, traj, batches, with_entropy=False)
         with resident(self.ref, self.device, offload=self.cand.ref_param_offload):
             return self._forward_log_probs(self.ref, traj, batches, with_entropy=False)
 
@@ -776,12 +942,12 @@ class GrpoProbe:
                           old_lp: torch.Tensor, ref_lp: torch.Tensor | None, advantages: torch.Tensor) -> None:
         batches = micro_batches(mini, lengths, dynamic=self.cand.use_dynamic_bsz,
                                 micro_batch_size=self.cand.ppo_micro_batch_size_per_gpu,
-                                max_tokens=self.cand.ppo_max_token_len_per_gpu)
+                                max_tokens=self.cand.ppo_max_token_len_per_gpu, padded=not self.cand.use_remove_padding)
         offload = torch.autograd.graph.save_on_cpu(pin_memory=self.device.type == "cuda")
         for indices in batches:
-            ids, positions = self._micro_batch_tensor(traj, indices)
+            batch = self._micro_batch(traj, indices)
             with self.autocast(), (offload if self.cand.activation_offload else nullcontext()):
-                log_prob, _ = self.actor(ids, positions)
+                log_prob, _ = self.actor(batch)
                 ref = ref_lp[indices] if ref_lp is not None else None
                 loss = grpo_loss(log_prob, old_lp[indices], advantages[indices], ref)
             # verl scales each micro-batch loss by its share of the mini-batch (dp_actor.update_policy).
@@ -812,7 +978,7 @@ class GrpoProbe:
         with phase("old_log_prob"):
             old_lp = self.old_log_prob(traj)
         ref_lp = None
-        if self.ref is not None:
+        if self.work.use_kl_loss:
             with phase("ref"):
                 ref_lp = self.ref_log_prob(traj)
         with phase("update_actor"):
@@ -931,8 +1097,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run(req, dist, clock)
         if dist.rank == 0:
             _write_json(out_path, result)
-        if dist.enabled:
-            torch.distributed.destroy_process_group()
+        torch.distributed.destroy_process_group()
         return 0
     except ConfigRejected as exc:
         _write_json(out_path, {"ok": False, "rejected": True, "message": _first_line(exc)})

@@ -7,6 +7,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from dataclasses import replace  # noqa: E402
+
 from autotune.errors import ProbeOOM  # noqa: E402
 from autotune.hardware import GIB, GpuSpec, get_gpu, match_device_name  # noqa: E402
 from autotune.models import get_model  # noqa: E402
@@ -74,3 +76,41 @@ def test_memory_savers_and_compile_run_on_the_gpu(tmp_path):
     bf16_weights_gib = MODEL.param_count() * 2 / GIB
     gen_peak_gib = result.extra["phase_peak_mem_gib"]["gen"]
     assert gen_peak_gib < result.extra["plan"]["kv_cache_budget_gib"] + bf16_weights_gib + 3.0
+
+
+def test_packed_varlen_attention_matches_padded_rows_on_the_gpu():
+    """torch's flash varlen kernel over one packed row gives the log-probs of separate padded rows
+    (bf16: a few thousandths), forward and backward."""
+    from autotune.objectives.torch_workload import (PACKED_ATTENTION, PolicyHead, build_causal_lm, entropy_from_logits,
+                                                    packed_micro_batch, padded_micro_batch)
+
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    prompt_lengths, response = [37, 200, 5, 91], 16
+    sequences = [torch.randint(0, MODEL.vocab_size, (p + response,), device=device) for p in prompt_lengths]
+    padded = PolicyHead(build_causal_lm(MODEL, dtype=torch.bfloat16, device=device, max_len=256), entropy_from_logits)
+    packed = PolicyHead(build_causal_lm(MODEL, dtype=torch.bfloat16, device=device, max_len=256,
+                                        attention=PACKED_ATTENTION), entropy_from_logits)
+    packed.load_state_dict(padded.state_dict())
+    expected, _ = padded(padded_micro_batch(sequences, prompt_lengths, response, 216, device))
+    got, _ = packed(packed_micro_batch(sequences, prompt_lengths, response, device))
+    assert torch.allclose(got.float(), expected.float(), atol=0.05, rtol=0.01)
+    got.sum().backward()
+    expected.sum().backward()
+    g_packed = packed.lm.model.layers[0].self_attn.q_proj.weight.grad.float()
+    g_padded = padded.lm.model.layers[0].self_attn.q_proj.weight.grad.float()
+    assert (g_packed - g_padded).norm() / g_padded.norm() < 0.05
+
+
+def test_lora_probe_runs_on_the_gpu_with_small_optimizer_state(tmp_path):
+    """LoRA GRPO on 0.5B: adapters only in the optimizer, the reference through the actor without
+    adapters; a full fine-tune of the same workload holds more memory."""
+    pytest.importorskip("peft")
+    lora = ProbeRequest(model=MODEL, gpu=this_gpu(), n_gpus=1, nodes=1, workload=replace(WORKLOAD, lora_rank=32),
+                        candidate=CANDIDATE, run_dir=tmp_path / "lora", warmup_steps=1, timed_steps=1)
+    full = replace(lora, workload=WORKLOAD, run_dir=tmp_path / "full")
+    runner = TorchRunner(device="cuda", multi_gpu=False, request_overrides={"scale": {"trajectories": 32}})
+    lora_result = runner.probe(lora, lambda step, tps: False)
+    full_result = runner.probe(full, lambda step, tps: False)
+    assert all(lora_result.phase_s[phase] > 0 for phase in PHASES)
+    assert lora_result.peak_mem_gib < full_result.peak_mem_gib

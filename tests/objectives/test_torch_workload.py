@@ -18,18 +18,26 @@ from autotune.errors import ProbeCrashed, ProbeOOM, ProbeRejected  # noqa: E402
 from autotune.hardware import GIB, get_gpu  # noqa: E402
 from autotune.models import get_model  # noqa: E402
 from autotune.objectives.base import ProbePruned, ProbeRequest  # noqa: E402
-from autotune.objectives.memory import kv_bytes_per_token  # noqa: E402
+from autotune.objectives.memory import kv_bytes_per_token, lora_params  # noqa: E402
 from autotune.objectives.torch_runner import PHASES, TorchRunner  # noqa: E402
 from autotune.objectives.torch_workload import (  # noqa: E402
+    PACKED_ATTENTION,
     KvCacheTooSmall,
+    PolicyHead,
+    apply_lora,
+    build_causal_lm,
     check_kv_cache,
+    entropy_from_logits,
     grpo_advantages,
     kv_cache_budget_bytes,
     local_trajectories,
+    lora_merged_weights,
     micro_batches,
     mini_batch_sizes,
     oom_over_gib,
     pack_by_token_budget,
+    packed_micro_batch,
+    padded_micro_batch,
     rollout_concurrency,
     static_micro_batches,
     token_log_probs,
@@ -56,23 +64,26 @@ def tiny_request(tmp_path: Path, **candidate_changes) -> ProbeRequest:
 
 
 @pytest.mark.parametrize("budget", [1536, 4096, 16384])
-def test_token_budget_packing_places_every_sequence_once_and_no_row_over_budget(budget):
+@pytest.mark.parametrize("padded", [False, True])
+def test_token_budget_packing_places_every_sequence_once_and_no_row_over_budget(budget, padded):
     rng = random.Random(budget)
     lengths = {i: rng.randint(1, 1536) for i in range(300)}
-    batches = pack_by_token_budget(lengths, budget)
+    batches = pack_by_token_budget(lengths, budget, padded=padded)
     placed = [i for batch in batches for i in batch]
     assert sorted(placed) == sorted(lengths)
-    for batch in batches:  # the padded tensor (rows x longest) is what must fit
-        assert len(batch) * max(lengths[i] for i in batch) <= budget
+    for batch in batches:  # packed: real tokens (verl's bound); padded: rows x longest, the tensor built
+        cost = len(batch) * max(lengths[i] for i in batch) if padded else sum(lengths[i] for i in batch)
+        assert cost <= budget
 
 
 @pytest.mark.parametrize("budget", [4096, 16384])
-def test_token_budget_packing_wastes_little_on_grpo_lengths(budget):
-    """Responses run to max length and prompts vary, so sorted neighbours pad little."""
+@pytest.mark.parametrize("padded", [False, True])
+def test_token_budget_packing_wastes_little_on_grpo_lengths(budget, padded):
+    """Close to verl's ceil(total / max_token_len) micro-batches, padded or not."""
     rng = random.Random(budget)
     lengths = {i: 1024 + rng.randint(100, 300) for i in range(640)}
-    batches = pack_by_token_budget(lengths, budget)
-    ideal = sum(lengths.values()) / budget  # verl's ceil(total / max_token_len)
+    batches = pack_by_token_budget(lengths, budget, padded=padded)
+    ideal = sum(lengths.values()) / budget
     assert len(batches) <= 1.15 * ideal + 1
 
 
@@ -88,6 +99,10 @@ def test_micro_batch_counts_static_and_dynamic():
     dynamic = micro_batches(range(16), lengths, dynamic=True, micro_batch_size=0, max_tokens=3000)
     assert [len(b) for b in static] == [4, 4, 4, 4]
     assert [len(b) for b in dynamic] == [3, 3, 3, 3, 3, 1]
+    uneven = {i: 100 * (i + 1) for i in range(4)}  # 100..400: packed counts real tokens, padded rows x longest
+    assert micro_batches(range(4), uneven, dynamic=True, micro_batch_size=0, max_tokens=600) == [[0, 1, 2], [3]]
+    assert micro_batches(range(4), uneven, dynamic=True, micro_batch_size=0, max_tokens=600,
+                         padded=True) == [[0, 1], [2], [3]]
 
 
 def test_a_rank_does_its_share_of_an_8_gpu_step_in_mini_batches_of_its_share():
@@ -121,6 +136,57 @@ def test_chunked_log_probs_equal_log_softmax():
     labels = torch.randint(0, 50, (37,))
     expected = torch.log_softmax(logits, -1).gather(-1, labels[:, None]).squeeze(-1)
     assert torch.allclose(token_log_probs(logits, labels, chunk_tokens=8), expected, atol=1e-5)
+
+
+def _tiny_policy(attention: str):
+    lm = build_causal_lm(TINY_MODEL, dtype=torch.float32, device=torch.device("cpu"), max_len=64, attention=attention)
+    return PolicyHead(lm.eval(), entropy_from_logits)
+
+
+def test_packed_rows_give_the_log_probs_of_padded_rows():
+    """One packed row with per-sequence positions and varlen attention computes what separate padded
+    rows do: no attention across sequence boundaries, positions restart, targets index the right logits."""
+    torch.manual_seed(0)
+    prompt_lengths, response = [5, 9, 3], 4
+    sequences = [torch.randint(0, TINY_MODEL.vocab_size, (p + response,)) for p in prompt_lengths]
+    padded = _tiny_policy("sdpa")
+    packed = _tiny_policy(PACKED_ATTENTION)
+    packed.load_state_dict(padded.state_dict())
+    cpu = torch.device("cpu")
+    with torch.no_grad():
+        expected, _ = padded(padded_micro_batch(sequences, prompt_lengths, response, 16, cpu))
+        got, _ = packed(packed_micro_batch(sequences, prompt_lengths, response, cpu))
+    assert got.shape == (3, response)
+    assert torch.allclose(got, expected, atol=1e-4)
+
+
+def test_lora_reference_is_the_base_and_the_merged_copy_is_w_plus_scaled_ba():
+    pytest.importorskip("peft")
+    torch.manual_seed(0)
+    base = _tiny_policy("sdpa")
+    peft_lm = apply_lora(base.lm, rank=4)
+    trainable = [n for n, p in peft_lm.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    # the sim's parameter count for LoRA is peft's all-linear count
+    assert sum(p.numel() for p in peft_lm.parameters() if p.requires_grad) == lora_params(TINY_MODEL, 4)
+    with torch.no_grad():
+        for n, p in peft_lm.named_parameters():
+            if "lora_B" in n:
+                p.normal_()  # peft starts B at zero; make the adapter matter
+    merged = dict(lora_merged_weights(peft_lm))
+    plain = build_causal_lm(TINY_MODEL, dtype=torch.float32, device=torch.device("cpu"), max_len=64)
+    assert set(merged) == {n for n, _ in plain.named_parameters()}
+    q = next(m for n, m in peft_lm.named_modules() if n.endswith("layers.0.self_attn.q_proj"))
+    expected = q.base_layer.weight + q.scaling["default"] * (q.lora_B["default"].weight @ q.lora_A["default"].weight)
+    assert torch.allclose(merged["model.layers.0.self_attn.q_proj.weight"], expected)
+    ids = torch.randint(0, TINY_MODEL.vocab_size, (1, 12))
+    with torch.no_grad():
+        for name, weight in merged.items():
+            plain.get_parameter(name).copy_(weight)
+        assert torch.allclose(plain(ids).logits, peft_lm(input_ids=ids).logits, atol=1e-4)
+        with peft_lm.disable_adapter():  # verl's ref_in_actor: the actor without its adapters is the base
+            base_logits = peft_lm(input_ids=ids).logits
+        assert not torch.allclose(base_logits, plain(ids).logits, atol=1e-3)
 
 
 # ---- vLLM's KV budget -------------------------------------------------------------------------
@@ -194,6 +260,18 @@ def test_tiny_probe_end_to_end_on_cpu(tmp_path):
     # tokens/s per GPU is (prompt+response tokens) / step time, as verl's perf/throughput
     first_timed = result.extra["steps"][1]
     assert first_timed["tokens_per_s_per_gpu"] == pytest.approx(first_timed["tokens"] / first_timed["step_s"])
+
+
+def test_lora_probe_end_to_end_on_cpu(tmp_path):
+    """LoRA GRPO: adapters train, the reference pass runs through the actor with adapters disabled,
+    packed micro-batches by token budget."""
+    pytest.importorskip("peft")
+    request = replace(tiny_request(tmp_path, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=64,
+                                   log_prob_max_token_len_per_gpu=64),
+                      workload=replace(TINY_WORKLOAD, lora_rank=8, use_kl_loss=True))
+    result = TorchRunner(device="cpu").probe(request, lambda step, tps: False)
+    assert all(result.phase_s[phase] > 0 for phase in PHASES)
+    assert result.tokens_per_s_per_gpu > 0
 
 
 def test_report_returning_true_prunes_the_probe(tmp_path):
