@@ -107,7 +107,10 @@ def main() -> int:
         ("micro 16", WORKLOAD, BEST_2026_12_02.with_(ppo_micro_batch_size_per_gpu=16), False),
         ("token budget 32k", WORKLOAD, BEST_2026_12_02.with_(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=32768,
                                                             log_prob_max_token_len_per_gpu=65536), False),
-        ("micro 64, remove_padding off", WORKLOAD, BEST_2026_12_02.with_(use_remove_padding=False), False),
+        ("micro 16, remove_padding off", WORKLOAD, BEST_2026_12_02.with_(use_remove_padding=False,
+                                                                         ppo_micro_batch_size_per_gpu=16), False),
+        ("mini-batch 32 prompts, micro 128", replace(WORKLOAD, train_batch_size=64, ppo_mini_batch_size=32),
+         BEST_2026_12_02.with_(ppo_micro_batch_size_per_gpu=128), False),
         ("mini-batch 64 prompts, token budget 64k", replace(WORKLOAD, train_batch_size=64, ppo_mini_batch_size=64),
          BEST_2026_12_02.with_(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=65536,
                                log_prob_max_token_len_per_gpu=65536), False),
@@ -115,7 +118,13 @@ def main() -> int:
     ]
     results = []
     for name, workload, cand, prof in plans:
-        r = measure(args.model, workload, cand, peak, args.repeats, prof)
+        try:
+            r = measure(args.model, workload, cand, peak, args.repeats, prof)
+        except torch.OutOfMemoryError:
+            gc.collect()
+            torch.cuda.empty_cache()
+            print(f"{name:45s} out of memory", flush=True)
+            continue
         r["plan"] = name
         results.append(r)
         print(f"{name:45s} tokens {r['tokens']:6d}  update {r['update_s']:.3f} s  MFU {r['mfu_update']:.3f}  "

@@ -4,7 +4,8 @@
 
 Runs the real driver (rules, memory gate, warm start from the sim model, TPE, pruning) with the torch
 backend on the GPU of this machine, for a small GSM8K-shaped GRPO workload that fits a few-minute budget
-on one GPU (32 prompts x 4 samples, prompts up to 512 tokens, 128-token responses). Prints and writes
+on one GPU (by default 32 prompts x 4 samples, mini-batch 16 prompts, prompts up to 512 tokens,
+128-token responses). Prints and writes
 (OUT/torch_study_<model>.json): the device, driver and library versions, every trial, and verl's default
 against the best in tokens/s per GPU and update-phase MFU, plus the sim model's predicted peak memory
 against the measured one for every launched probe (the model's error on data it was not fitted on).
@@ -28,8 +29,10 @@ from autotune.search.driver import run_study
 from autotune.storage.records import baseline_record, best_records, records
 from autotune.workload import Workload
 
-WORKLOAD = Workload(train_batch_size=32, ppo_mini_batch_size=16, rollout_n=4, max_prompt_length=512,
-                    max_response_length=128)
+
+def study_workload(args: argparse.Namespace) -> Workload:
+    return Workload(train_batch_size=args.train_batch, ppo_mini_batch_size=args.mini_batch, rollout_n=4,
+                    max_prompt_length=512, max_response_length=128)
 
 
 def main() -> int:
@@ -38,7 +41,10 @@ def main() -> int:
     parser.add_argument("--wall-s", type=float, default=420.0, help="search budget in wall time")
     parser.add_argument("--trials", type=int, default=40)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--train-batch", type=int, default=32, help="prompts per step (x4 samples)")
+    parser.add_argument("--mini-batch", type=int, default=16, help="prompts per PPO mini-batch")
     args = parser.parse_args()
+    workload = study_workload(args)
     import torch
     import transformers
 
@@ -49,7 +55,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     cfg = TuneConfig(model=get_model(args.model), gpu=gpu, gpus_per_node=1, nodes=1, backend="torch", trials=args.trials,
                      storage_url=f"sqlite:///{(args.out / f'torch_study_{args.model}.db').resolve()}",
-                     study_name=f"{args.model}-torch", out_dir=args.out, seed=0, workload=WORKLOAD, fixed={},
+                     study_name=f"{args.model}-torch", out_dir=args.out, seed=0, workload=workload, fixed={},
                      ranges={}, tune_workload=(), probe=ProbeBudget(warmup_steps=1, timed_steps=2),
                      search=SearchOptions(warm_start=2), budget=Budget(wall_time_s=args.wall_s))
     started = time.time()
@@ -68,7 +74,7 @@ def main() -> int:
     doc = {
         "device": gpus.device_name, "driver": gpus.driver, "torch": torch.__version__,
         "transformers": transformers.__version__, "python": platform.python_version(),
-        "date": time.strftime("%Y-%m-%d"), "model": args.model, "workload": WORKLOAD.__dict__,
+        "date": time.strftime("%Y-%m-%d"), "model": args.model, "workload": workload.__dict__,
         "wall_s": round(time.time() - started, 1),
         "trials": [{"number": r.number, "state": r.state, "reason": r.reason[:200],
                     "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu, "mfu_update": r.mfu, "peak_mem_gib": r.peak_mem_gib,

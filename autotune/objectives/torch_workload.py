@@ -23,9 +23,11 @@ Choices that differ from verl, each because the real thing needs a package we do
   over the sequence boundaries, as verl's flash-attn `unpad_input` path does. FLOPs and activation
   memory follow the real tokens, not a padded width. On the CPU (tests) the same function runs one
   causal sdpa per sequence. `use_remove_padding=False` pads every row to prompt+response max like verl.
-- Log-probs: `logsumexp` in fp32 is checkpointed per chunk of tokens, so training keeps the bf16
-  logits but not an fp32 copy, the memory profile of flash-attn's cross-entropy kernel that verl uses
-  when flash-attn is installed (verl/utils/torch_functional.py `logprobs_from_logits`).
+- Log-probs: verl uses flash-attn's Triton cross-entropy kernel when flash-attn is installed
+  (verl/utils/torch_functional.py `logprobs_from_logits`): one fused pass over the bf16 logits in
+  fp32 arithmetic forward and one backward, no fp32 copy of the logits kept. On CUDA the same maths
+  is compiled by Inductor into such a fused Triton kernel (compiled once per probe, in its untimed
+  warm-up step). On the CPU it runs eagerly a chunk of tokens at a time, with the same result.
 - Rollout uses HF modules, not vLLM, so decode is far slower than vLLM (calibration README); the KV
   budget, concurrency limit, chunked prefill and the "no cache blocks" failure follow vLLM. Prompts
   of a wave are left-padded to the wave's longest. rollout_tp > 1 is emulated in memory (weights
@@ -334,8 +336,27 @@ def _logsumexp_fp32(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(logits.float(), dim=-1)
 
 
+def _label_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    logits = logits.float()
+    return logits.gather(-1, labels[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+_fused_label_log_probs: Callable | None = None
+
+
+def fused_label_log_probs() -> Callable:
+    """`_label_log_probs` compiled once per process; dynamic, as micro-batches vary in tokens."""
+    global _fused_label_log_probs
+    if _fused_label_log_probs is None:
+        _fused_label_log_probs = torch.compile(_label_log_probs, dynamic=True)
+    return _fused_label_log_probs
+
+
 def token_log_probs(logits: torch.Tensor, labels: torch.Tensor, chunk_tokens: int = LOGPROB_CHUNK_TOKENS) -> torch.Tensor:
-    """log p(label) for [N, V] logits, fp32 log-softmax a chunk at a time (checkpointed when training)."""
+    """log p(label) for [N, V] logits in fp32 arithmetic: fused on CUDA (see module docstring), else
+    chunked, the fp32 log-sum-exp checkpointed per chunk when training."""
+    if logits.is_cuda:
+        return fused_label_log_probs()(logits, labels)
     pieces = []
     for start in range(0, logits.shape[0], chunk_tokens):
         chunk = logits[start:start + chunk_tokens]

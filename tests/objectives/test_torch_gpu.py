@@ -114,3 +114,21 @@ def test_lora_probe_runs_on_the_gpu_with_small_optimizer_state(tmp_path):
     full_result = runner.probe(full, lambda step, tps: False)
     assert all(lora_result.phase_s[phase] > 0 for phase in PHASES)
     assert lora_result.peak_mem_gib < full_result.peak_mem_gib
+
+
+def test_fused_log_probs_match_eager_fp32_forward_and_backward():
+    """The compiled log-prob kernel equals the eager fp32 log-softmax, values and gradients."""
+    from autotune.objectives.torch_workload import token_log_probs
+
+    torch.manual_seed(0)
+    logits = (torch.randn(3001, MODEL.vocab_size, device="cuda") * 3).bfloat16().requires_grad_()
+    labels = torch.randint(0, MODEL.vocab_size, (3001,), device="cuda")
+    weights = torch.randn(3001, device="cuda")
+    fused = token_log_probs(logits, labels)
+    (fused * weights).sum().backward()
+    grad_fused, logits.grad = logits.grad.clone(), None
+    eager = torch.log_softmax(logits.float(), -1).gather(-1, labels[:, None]).squeeze(-1)
+    (eager * weights).sum().backward()
+    assert fused.dtype == torch.float32
+    assert torch.allclose(fused, eager, atol=1e-4)
+    assert torch.allclose(grad_fused.float(), logits.grad.float(), atol=1e-2)
