@@ -6,8 +6,7 @@ Runs the probe's own update_actor (torch_workload.GrpoProbe, FSDP2 over one GPU,
 on synthetic trajectories of the torch study's workload shape, so rollout time is skipped. For each
 micro-batch plan it prints tokens, update seconds and verl's update MFU; for the first plan it also
 prints the top CUDA kernels (torch.profiler) and how much of the wall time the GPU was busy. A variant
-without FSDP2 (fp32 weights under autocast, the probe's previous mixed precision) and one without
-remove-padding are measured for comparison. Writes OUT/profile_torch_update_<model>.json.
+without remove-padding is measured for comparison. Writes OUT/profile_torch_update_<model>.json.
 """
 
 from __future__ import annotations
@@ -134,17 +133,6 @@ def main() -> int:
             print(f"  profiled: wall {p['wall_s']:.3f} s, GPU busy {p['gpu_busy_s']:.3f} s")
             for e in p["top"]:
                 print(f"  {e['cuda_s']*1e3:8.1f} ms {e['calls']:5d}x  {e['name']}")
-    # the previous mixed precision: fp32 weights under autocast, no FSDP
-    real_shard = tw.fsdp2_shard
-    tw.fsdp2_shard = lambda policy, param_dtype: None
-    try:
-        r = measure(args.model, WORKLOAD, BEST_2026_12_02, peak, args.repeats, False)
-    finally:
-        tw.fsdp2_shard = real_shard
-    r["plan"] = "micro 64, no FSDP2 (fp32 under autocast)"
-    results.append(r)
-    print(f"{r['plan']:45s} tokens {r['tokens']:6d}  update {r['update_s']:.3f} s  MFU {r['mfu_update']:.3f}  "
-          f"peak {r['peak_mem_gib']:.1f} GiB", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     doc = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "python": platform.python_version(),
            "date": time.strftime("%Y-%m-%d"), "model": args.model, "results": results}

@@ -59,10 +59,18 @@ def main() -> int:
                      ranges={}, tune_workload=(), probe=ProbeBudget(warmup_steps=1, timed_steps=2),
                      search=SearchOptions(warm_start=2), budget=Budget(wall_time_s=args.wall_s))
     started = time.time()
-    study = run_study(cfg, TorchRunner(device="cuda", deadline_s=300, idle_timeout_s=240),
-                      on_trial=lambda t: print(f"trial {t.number}: {t.user_attrs.get('state')} "
-                                               f"{t.user_attrs.get('tokens_per_s_per_gpu') or ''} "
-                                               f"{t.user_attrs.get('reason', '')[:120]}", flush=True))
+    trials_log = args.out / f"torch_study_{args.model}.trials.jsonl"
+
+    def on_trial(t) -> None:
+        """Print each trial and append it to a JSON-lines file, so a study cut short keeps its trials."""
+        a = t.user_attrs
+        print(f"trial {t.number}: {a.get('state')} tokens/s/GPU {a.get('tokens_per_s_per_gpu') or '-'} "
+              f"update MFU {a.get('mfu') or '-'} peak {a.get('peak_mem_gib') or '-'} GiB "
+              f"(sim {a.get('predicted_peak_gib') or '-'}) {a.get('reason', '')[:120]}", flush=True)
+        with trials_log.open("a") as f:
+            f.write(json.dumps({"number": t.number, **a}, default=str) + "\n")
+
+    study = run_study(cfg, TorchRunner(device="cuda", deadline_s=300, idle_timeout_s=240), on_trial=on_trial)
     recs = records(study)
     base, best = baseline_record(study), (best_records(study, k=1) or [None])[0]
     mem_err = []

@@ -411,8 +411,12 @@ def varlen_causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch
     if query.is_cuda:
         from torch.nn.attention.varlen import varlen_attn
 
-        return varlen_attn(query, key, value, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, scale=scale,
-                           **_varlen_kwargs())
+        dtype = query.dtype
+        if dtype not in (torch.bfloat16, torch.float16):  # flash kernels take half precision only (as HF casts)
+            query, key, value = (t.to(torch.bfloat16) for t in (query, key, value))
+        out = varlen_attn(query, key, value, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, scale=scale,
+                          **_varlen_kwargs())
+        return out.to(dtype)
     # CPU (tests): the same maths one sequence at a time
     bounds = cu_seqlens.tolist()
     pieces = [F.scaled_dot_product_attention(query[a:b].transpose(0, 1), key[a:b].transpose(0, 1),
