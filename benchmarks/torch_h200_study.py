@@ -26,6 +26,7 @@ from autotune.hardware import detect_gpus, get_gpu, match_device_name
 from autotune.models import get_model
 from autotune.objectives.torch_runner import TorchRunner
 from autotune.search.driver import run_study
+from autotune.study_tools import load_study
 from autotune.storage.records import baseline_record, best_records, records
 from autotune.workload import Workload
 
@@ -70,7 +71,11 @@ def main() -> int:
         with trials_log.open("a") as f:
             f.write(json.dumps({"number": t.number, **a}, default=str) + "\n")
 
-    study = run_study(cfg, TorchRunner(device="cuda", deadline_s=300, idle_timeout_s=240), on_trial=on_trial)
+    try:
+        study = run_study(cfg, TorchRunner(device="cuda", deadline_s=300, idle_timeout_s=240), on_trial=on_trial)
+    except KeyboardInterrupt:  # cut short (e.g. `timeout -s INT`): report what the storage holds
+        print("interrupted: reporting the finished trials", flush=True)
+        study = load_study(cfg.storage_url, cfg.study_name)
     recs = records(study)
     base, best = baseline_record(study), (best_records(study, k=1) or [None])[0]
     mem_err = []

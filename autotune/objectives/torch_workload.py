@@ -983,7 +983,12 @@ class GrpoProbe:
 
     def update_weights(self) -> None:
         """Actor -> rollout copy. verl syncs FSDP shards into vLLM's bf16 weights; on one GPU the
-        honest stand-in is the same gather-and-cast copy into our rollout model."""
+        honest stand-in is the same gather-and-cast copy into our rollout model.
+
+        Between generation and this sync vLLM sleeps (rollout.free_cache_engine=True: sleep level 1
+        moves its weights to host memory and drops the KV cache), so the rollout weights are not on
+        the GPU while the actor trains; they come back here, as verl's wake_up before the sync."""
+        self.rollout.to(self.device)
         with resident(self.actor, self.device, offload=self.cand.param_offload):
             self._copy_actor_to(self.rollout)
 
@@ -998,6 +1003,7 @@ class GrpoProbe:
         start_s = time.perf_counter()
         with phase("gen"):
             traj = self.generate(prompt_lengths)
+            self.rollout.to("cpu")  # vLLM sleeps until the next weight sync (see update_weights)
         rewards = torch.randint(0, 2, (len(traj.tokens),), device=self.device, generator=self.generator)
         advantages = grpo_advantages(rewards, self.work.rollout_n)
         with phase("old_log_prob"):
