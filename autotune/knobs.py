@@ -43,7 +43,7 @@ WORKLOAD_KNOBS = (
     Knob(f"{ARO}.actor.loss_agg_mode", None, "actor.yaml loss_agg_mode (token-mean, seq-mean-token-sum, ...)"),
     Knob(f"{ARO}.actor.entropy_coeff", None, "actor.yaml entropy_coeff"),
     Knob(f"{ARO}.model.lora_alpha", None, "hf_model.yaml lora_alpha"),
-    Knob(f"{ARO}.model.target_modules", None, "hf_model.yaml target_modules (LoRA)"),
+    Knob(f"{ARO}.model.target_modules", "lora_target_modules", "hf_model.yaml target_modules (LoRA)"),
     Knob("algorithm.adv_estimator", None, "ppo_trainer.yaml:78"),
     Knob("algorithm.use_kl_in_reward", None, "ppo_trainer.yaml:102"),
     Knob("algorithm.norm_adv_by_std_in_grpo", None, "ppo_trainer.yaml (Dr.GRPO sets False)"),

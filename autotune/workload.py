@@ -24,6 +24,8 @@ class Workload:
     ppo_epochs: int = 1
     use_kl_loss: bool = True  # GRPO's KL loss: needs a reference model and its log-prob pass
     lora_rank: int = 0
+    # LoRA target modules as verl takes them (model.target_modules): "all-linear" or projection names
+    lora_target_modules: str | list = "all-linear"
     train_files: str | list = "~/data/gsm8k/train.parquet"  # verl takes one path or a list of paths
     val_files: str | list = "~/data/gsm8k/test.parquet"
 
@@ -35,6 +37,11 @@ class Workload:
                 raise ConfigError(f"workload.{name} must be a positive integer, but got {name}={value!r}")
         if not isinstance(self.lora_rank, int) or self.lora_rank < 0:
             raise ConfigError(f"workload.lora_rank must be an integer >= 0, but got lora_rank={self.lora_rank!r}")
+        targets = self.lora_target_modules
+        if not (isinstance(targets, str) and targets or isinstance(targets, (list, tuple)) and targets
+                and all(isinstance(t, str) and t for t in targets)):
+            raise ConfigError(f"workload.lora_target_modules must be 'all-linear' or a list of module names, "
+                              f"but got lora_target_modules={targets!r}")
         if not (isinstance(self.prompt_fill, (int, float)) and 0 < self.prompt_fill <= 1):
             raise ConfigError(f"workload.prompt_fill must be in (0, 1], but got prompt_fill={self.prompt_fill!r}")
         if self.ppo_mini_batch_size > self.train_batch_size:

@@ -84,6 +84,18 @@ def test_lora_is_read_and_changes_the_memory_model():
     assert lora.components_gib["reference"] == 0.0  # LoRA's reference is the actor with adapters off
 
 
+def test_lora_target_modules_are_read_and_size_the_adapters(tmp_path):
+    job = _job(EXAMPLES / "qwen2-7b_grpo-lora_1_h100_fsdp_vllm.sh")
+    assert job.workload.lora_target_modules == "all-linear"
+    script = tmp_path / "run.sh"
+    script.write_text((EXAMPLES / "qwen2-7b_grpo-lora_1_h100_fsdp_vllm.sh").read_text().replace(
+        "actor_rollout_ref.model.target_modules=all-linear", "actor_rollout_ref.model.target_modules=[q_proj,v_proj]"))
+    narrow = _job(script)
+    assert narrow.workload.lora_target_modules == ["q_proj", "v_proj"]
+    from autotune.objectives.memory import lora_params
+    assert lora_params(job.model, 64, ["q_proj", "v_proj"]) < lora_params(job.model, 64) / 5
+
+
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "HOME": "/home/user"})

@@ -106,18 +106,25 @@ class ActorState:
     gather_buffer: float  # unsharded FSDP units alive during compute (current + prefetched)
 
 
-def lora_params(model: ModelSpec, rank: int) -> int:
-    """LoRA A and B matrices on every linear layer (verl's target_modules: all-linear), rank r each:
-    r x (in + out) per projection (q, k, v, o, gate, up, down; routed experts for MoE)."""
+def lora_params(model: ModelSpec, rank: int, target_modules: str | list | tuple = "all-linear") -> int:
+    """LoRA A and B matrices, rank r each: r x (in + out) per targeted projection of every layer.
+
+    verl's target_modules "all-linear" (peft: every linear layer but the LM head) means q, k, v, o,
+    gate, up and down (routed experts' for MoE); a list targets the projections it names.
+    """
     h, q, kv = model.hidden_size, model.q_dim, model.kv_dim
-    attn = (h + q) + 2 * (h + kv) + (q + h)
     width = model.moe_intermediate_size if model.is_moe else model.intermediate_size
     experts = model.num_experts if model.is_moe else 1
-    mlp = experts * 3 * (h + width)
-    return rank * model.num_layers * (attn + mlp)
+    in_plus_out = {"q_proj": h + q, "k_proj": h + kv, "v_proj": h + kv, "o_proj": q + h,
+                   "gate_proj": experts * (h + width), "up_proj": experts * (h + width),
+                   "down_proj": experts * (width + h)}
+    targets = in_plus_out if target_modules == "all-linear" else set(
+        [target_modules] if isinstance(target_modules, str) else target_modules)
+    return rank * model.num_layers * sum(size for name, size in in_plus_out.items() if name in targets)
 
 
-def actor_state_bytes(model: ModelSpec, cand: Candidate, layout: ParallelLayout, lora_rank: int = 0) -> ActorState:
+def actor_state_bytes(model: ModelSpec, cand: Candidate, layout: ParallelLayout, lora_rank: int = 0,
+                      lora_targets: str | list | tuple = "all-linear") -> ActorState:
     """Per-GPU bytes of actor parameters, gradients and Adam state as verl's engine shards them.
 
     FSDP (engine/fsdp.yaml): fp32 master parameters (model_dtype: fp32), fp32 gradients, fp32 Adam
@@ -131,7 +138,7 @@ def actor_state_bytes(model: ModelSpec, cand: Candidate, layout: ParallelLayout,
         layer_params = model.attn_params_per_layer() + model.mlp_params_per_layer()
         largest_unit = max(layer_params, model.vocab_size * model.hidden_size)
         # LoRA: the base is frozen (no gradients, no optimizer state); only the adapters train
-        trained = lora_params(model, lora_rank) if lora_rank else n_total
+        trained = lora_params(model, lora_rank, lora_targets) if lora_rank else n_total
         return ActorState(weights=FP32 * (n_total + (trained if lora_rank else 0)) / shard,
                           grads=FP32 * trained / shard, optimizer=2 * FP32 * trained / shard,
                           gather_buffer=2 * BF16 * largest_unit)
@@ -205,7 +212,7 @@ def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Ca
                     layout: ParallelLayout, *, constants: ModelConstants = DEFAULT_CONSTANTS) -> MemoryEstimate:
     """Predicted peak per phase on the most loaded GPU, with the components of the worst phase."""
     k, act_c = constants, constants.activations
-    state = actor_state_bytes(model, cand, layout, workload.lora_rank)
+    state = actor_state_bytes(model, cand, layout, workload.lora_rank, workload.lora_target_modules)
     overhead = k.system.cuda_context_gib * GIB + (k.system.nccl_buffers_gib * GIB if layout.world_size > 1 else 0.0)
     frag = k.system.allocator_fragmentation
     # with LoRA verl computes reference log-probs with the actor's adapters disabled: no second model

@@ -719,18 +719,19 @@ def full_param(param: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------
 
 # verl 0.9.1 model/hf_model.yaml defaults: lora_alpha 16, target_modules all-linear (peft then skips
-# the LM head); the sim's lora_params counts the same seven projections per layer.
+# the LM head); the sim's lora_params counts the same projections (workload.lora_target_modules).
 LORA_ALPHA = 16
 LORA_TARGET_MODULES = "all-linear"
 
 
-def apply_lora(lm, rank: int):
+def apply_lora(lm, rank: int, target_modules: str | list | tuple = LORA_TARGET_MODULES):
     """Frozen base, trainable rank-r adapters (peft.get_peft_model, as verl's FSDP engine does)."""
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError as exc:
         raise ImportError("LoRA in the torch backend needs peft: pip install peft") from exc
-    config = LoraConfig(r=rank, lora_alpha=LORA_ALPHA, target_modules=LORA_TARGET_MODULES, bias="none",
+    targets = target_modules if isinstance(target_modules, str) else list(target_modules)
+    config = LoraConfig(r=rank, lora_alpha=LORA_ALPHA, target_modules=targets, bias="none",
                         task_type="CAUSAL_LM")
     return get_peft_model(lm, config)
 
@@ -810,7 +811,7 @@ class GrpoProbe:
         # verl FSDP keeps fp32 master weights (fsdp_config.model_dtype: fp32) and computes in bf16.
         actor_lm = build_causal_lm(req.model, dtype=torch.float32, device=device, max_len=max_len, attention=attention)
         if self.work.lora_rank:
-            actor_lm = apply_lora(actor_lm, self.work.lora_rank)
+            actor_lm = apply_lora(actor_lm, self.work.lora_rank, self.work.lora_target_modules)
         if cand.gradient_checkpointing:
             enable_gradient_checkpointing(actor_lm)
         self.actor = PolicyHead(actor_lm, make_entropy_fn(cand))

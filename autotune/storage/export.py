@@ -46,6 +46,7 @@ def workload_overrides(model: ModelSpec, workload: Workload, *, gpus_per_node: i
     }
     if workload.lora_rank:
         out[f"{ARO}.model.lora_rank"] = workload.lora_rank
+        out[f"{ARO}.model.target_modules"] = workload.lora_target_modules
     return out
 
 
@@ -139,6 +140,8 @@ def _hydra_value(value) -> str:
         return "True" if value else "False"
     if isinstance(value, (int, float)):
         return repr(value)
+    if isinstance(value, (list, tuple)):  # Hydra's list syntax, e.g. [q_proj,v_proj]
+        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
     text = str(value)
     if not _HYDRA_BARE.match(text) or text.lower() in ("null", "true", "false") or _looks_numeric(text):
         return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -189,6 +189,15 @@ def test_lora_reference_is_the_base_and_the_merged_copy_is_w_plus_scaled_ba():
         assert not torch.allclose(base_logits, plain(ids).logits, atol=1e-3)
 
 
+def test_lora_target_modules_train_only_the_named_projections_and_the_sim_counts_them():
+    pytest.importorskip("peft")
+    peft_lm = apply_lora(_tiny_policy("sdpa").lm, rank=4, target_modules=["q_proj", "v_proj"])
+    trained = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n, p in peft_lm.named_parameters() if p.requires_grad}
+    assert trained == {"q_proj", "v_proj"}
+    count = sum(p.numel() for p in peft_lm.parameters() if p.requires_grad)
+    assert count == lora_params(TINY_MODEL, 4, ["q_proj", "v_proj"]) < lora_params(TINY_MODEL, 4)
+
+
 # ---- vLLM's KV budget -------------------------------------------------------------------------
 
 

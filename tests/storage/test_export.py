@@ -95,3 +95,18 @@ def test_composition_fails_loudly_on_an_unknown_key():
 
     with pytest.raises(ConfigError, match="Could not override 'actor_rollout_ref.actor.megatron.grad_offload'"):
         compose_overrides(["model_engine=megatron", "actor_rollout_ref.actor.megatron.grad_offload=True"])
+
+
+@pytest.mark.verl
+@pytest.mark.parametrize("targets", ["all-linear", ["q_proj", "v_proj"]])
+def test_lora_rank_and_target_modules_compose_and_arrive(tmp_path, targets):
+    from autotune.storage.verl_config import compose_exported, compose_overrides, select
+
+    workload = Workload(lora_rank=32, lora_target_modules=targets)
+    overrides = verl_overrides(get_model("qwen2.5-7b"), workload, Candidate(), gpus_per_node=8, nodes=1)
+    engine = model_engine(Candidate())
+    for cfg in (compose_overrides(hydra_overrides(overrides, engine)),
+                compose_exported(write_best_yaml(tmp_path / "best.yaml", overrides, engine, ["test"]))):
+        assert select(cfg, "actor_rollout_ref.model.lora_rank") == 32
+        got = select(cfg, "actor_rollout_ref.model.target_modules")
+        assert (list(got) if not isinstance(got, str) else got) == targets
