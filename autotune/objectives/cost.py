@@ -16,8 +16,8 @@ from autotune.hardware import GpuSpec
 from autotune.models import ModelSpec
 from autotune.objectives.calibration import DEFAULT_CONSTANTS, THROUGHPUT, ModelConstants, ThroughputConstants
 from autotune.objectives.flops import train_flops_uniform
-from autotune.objectives.memory import (BF16, FP32, actor_state_bytes, kv_bytes_per_token, lora_params, ref_weight_bytes,
-                                        tokens_per_micro_batch,
+from autotune.objectives.memory import (BF16, FP32, actor_state_bytes, kv_bytes_per_token, ref_weight_bytes,
+                                        tokens_per_micro_batch, trained_params,
                                         train_activation_bytes, vllm_kv_cache_bytes)
 from autotune.spaces.candidate import Candidate
 from autotune.spaces.layout import ParallelLayout
@@ -89,8 +89,7 @@ def _pass_s(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate,
 
     n_micro = max(seqs_per_rank * seq / max(tok_micro, 1.0), 1.0) * (1 if forward_only else workload.ppo_epochs)
     comm_s = _parallel_comm_s(model, gpu, cand, layout, n_micro=n_micro, tok_micro=tok_micro,
-                              lora_rank=workload.lora_rank, lora_targets=workload.lora_target_modules,
-                              forward_only=forward_only, k=k)
+                              workload=workload, forward_only=forward_only, k=k)
     hidden = comm_s * k.system.comm_overlap
     total = compute_s + max(comm_s - min(hidden, compute_s), 0.0)
     if cand.is_megatron and cand.actor_pp > 1 and not forward_only:
@@ -104,8 +103,8 @@ def _pass_s(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate,
     return total, flops
 
 
-def _parallel_comm_s(model: ModelSpec, gpu: GpuSpec, cand: Candidate, layout: ParallelLayout, *, lora_rank: int = 0,
-                     lora_targets: str | list | tuple = "all-linear", n_micro: float, tok_micro: float, forward_only: bool, k: ModelConstants) -> float:
+def _parallel_comm_s(model: ModelSpec, gpu: GpuSpec, cand: Candidate, layout: ParallelLayout, *,
+                     workload: Workload, n_micro: float, tok_micro: float, forward_only: bool, k: ModelConstants) -> float:
     """Communication per full-batch pass on one rank."""
     n = model.param_count()
     passes = 1 if forward_only else 2  # all-gather for forward, again for backward (reshard_after_forward)
@@ -113,7 +112,7 @@ def _parallel_comm_s(model: ModelSpec, gpu: GpuSpec, cand: Candidate, layout: Pa
         world = layout.world_size
         link = _link(gpu, world, layout.gpus_per_node)
         gather = _collective_s(BF16 * n, world, link, k) * passes * n_micro
-        trained = lora_params(model, lora_rank, lora_targets) if lora_rank else n
+        trained = trained_params(model, workload)
         reduce = 0.0 if forward_only else _collective_s(FP32 * trained, world, link, k) * n_micro
         sp = cand.ulysses_sp
         a2a = 0.0
@@ -136,7 +135,7 @@ def _parallel_comm_s(model: ModelSpec, gpu: GpuSpec, cand: Candidate, layout: Pa
         ep_s = _collective_s(a2a, cand.actor_ep, _link(gpu, cand.actor_ep * tp, layout.gpus_per_node), k) * n_micro
     dp_s = 0.0
     if not forward_only:
-        state = actor_state_bytes(model, cand, layout, lora_rank, lora_targets)
+        state = actor_state_bytes(model, cand, layout, workload)
         dp_s = _collective_s(state.grads, dp, _link(gpu, layout.world_size, layout.gpus_per_node), k)
     return tp_s + cp_s + ep_s + dp_s
 
@@ -197,7 +196,7 @@ def estimate_step_time(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand:
         if cand.ref_param_offload:
             ref_s += 2 * _host_copy_s(ref_weight_bytes(model, cand, layout), gpu, k)
     update_s, _ = _pass_s(model, gpu, workload, cand, layout, forward_only=False, k=k)
-    state = actor_state_bytes(model, cand, layout, workload.lora_rank, workload.lora_target_modules)
+    state = actor_state_bytes(model, cand, layout, workload)
     if cand.optimizer_offload:
         update_s += 2 * _host_copy_s(state.optimizer, gpu, k)
     if cand.param_offload:

@@ -123,8 +123,15 @@ def lora_params(model: ModelSpec, rank: int, target_modules: str | list | tuple 
     return rank * model.num_layers * sum(size for name, size in in_plus_out.items() if name in targets)
 
 
-def actor_state_bytes(model: ModelSpec, cand: Candidate, layout: ParallelLayout, lora_rank: int = 0,
-                      lora_targets: str | list | tuple = "all-linear") -> ActorState:
+def trained_params(model: ModelSpec, workload: Workload | None) -> int:
+    """Parameters that get gradients and Adam state: the adapters with LoRA, else all of them."""
+    if workload is None or not workload.lora_rank:
+        return model.param_count()
+    return lora_params(model, workload.lora_rank, workload.lora_target_modules)
+
+
+def actor_state_bytes(model: ModelSpec, cand: Candidate, layout: ParallelLayout,
+                      workload: Workload | None = None) -> ActorState:
     """Per-GPU bytes of actor parameters, gradients and Adam state as verl's engine shards them.
 
     FSDP (engine/fsdp.yaml): fp32 master parameters (model_dtype: fp32), fp32 gradients, fp32 Adam
@@ -138,8 +145,9 @@ def actor_state_bytes(model: ModelSpec, cand: Candidate, layout: ParallelLayout,
         layer_params = model.attn_params_per_layer() + model.mlp_params_per_layer()
         largest_unit = max(layer_params, model.vocab_size * model.hidden_size)
         # LoRA: the base is frozen (no gradients, no optimizer state); only the adapters train
-        trained = lora_params(model, lora_rank, lora_targets) if lora_rank else n_total
-        return ActorState(weights=FP32 * (n_total + (trained if lora_rank else 0)) / shard,
+        trained = trained_params(model, workload)
+        adapters = trained if workload is not None and workload.lora_rank else 0  # held beside the base
+        return ActorState(weights=FP32 * (n_total + adapters) / shard,
                           grads=FP32 * trained / shard, optimizer=2 * FP32 * trained / shard,
                           gather_buffer=2 * BF16 * largest_unit)
     expert_params = model.num_layers * model.mlp_params_per_layer() if model.is_moe else 0
@@ -212,7 +220,7 @@ def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Ca
                     layout: ParallelLayout, *, constants: ModelConstants = DEFAULT_CONSTANTS) -> MemoryEstimate:
     """Predicted peak per phase on the most loaded GPU, with the components of the worst phase."""
     k, act_c = constants, constants.activations
-    state = actor_state_bytes(model, cand, layout, workload.lora_rank, workload.lora_target_modules)
+    state = actor_state_bytes(model, cand, layout, workload)
     overhead = k.system.cuda_context_gib * GIB + (k.system.nccl_buffers_gib * GIB if layout.world_size > 1 else 0.0)
     frag = k.system.allocator_fragmentation
     # with LoRA verl computes reference log-probs with the actor's adapters disabled: no second model

@@ -332,10 +332,6 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(logits, dim=-1) - torch.sum(probs * logits, dim=-1)
 
 
-def _logsumexp_fp32(logits: torch.Tensor) -> torch.Tensor:
-    return torch.logsumexp(logits.float(), dim=-1)
-
-
 def _label_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     logits = logits.float()
     return logits.gather(-1, labels[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
@@ -359,13 +355,11 @@ def token_log_probs(logits: torch.Tensor, labels: torch.Tensor, chunk_tokens: in
         return fused_label_log_probs()(logits, labels)
     pieces = []
     for start in range(0, logits.shape[0], chunk_tokens):
-        chunk = logits[start:start + chunk_tokens]
+        chunk, chunk_labels = logits[start:start + chunk_tokens], labels[start:start + chunk_tokens]
         if torch.is_grad_enabled():
-            lse = checkpoint(_logsumexp_fp32, chunk, use_reentrant=False)
+            pieces.append(checkpoint(_label_log_probs, chunk, chunk_labels, use_reentrant=False))
         else:
-            lse = _logsumexp_fp32(chunk)
-        picked = chunk.gather(-1, labels[start:start + chunk_tokens, None]).squeeze(-1).float()
-        pieces.append(picked - lse)
+            pieces.append(_label_log_probs(chunk, chunk_labels))
     return torch.cat(pieces)
 
 
@@ -924,10 +918,15 @@ class GrpoProbe:
                 out[indices] = log_probs
         return out
 
-    def _log_prob_batches(self, traj: Trajectories, micro_batch_size: int) -> list[list[int]]:
-        return micro_batches(range(len(traj.tokens)), traj.seq_lengths, dynamic=self.cand.use_dynamic_bsz,
-                             micro_batch_size=micro_batch_size, max_tokens=self.cand.log_prob_max_token_len_per_gpu,
+    def _micro_batches(self, lengths: dict[int, int], indices: Sequence[int], micro_batch_size: int,
+                       max_tokens: int) -> list[list[int]]:
+        return micro_batches(indices, lengths, dynamic=self.cand.use_dynamic_bsz,
+                             micro_batch_size=micro_batch_size, max_tokens=max_tokens,
                              padded=not self.cand.use_remove_padding)
+
+    def _log_prob_batches(self, traj: Trajectories, micro_batch_size: int) -> list[list[int]]:
+        return self._micro_batches(traj.seq_lengths, range(len(traj.tokens)), micro_batch_size,
+                                   self.cand.log_prob_max_token_len_per_gpu)
 
     def old_log_prob(self, traj: Trajectories) -> torch.Tensor:
         batches = self._log_prob_batches(traj, self.cand.log_prob_micro_batch_size_per_gpu)
@@ -966,9 +965,8 @@ class GrpoProbe:
 
     def _train_mini_batch(self, traj: Trajectories, mini: list[int], lengths: dict[int, int],
                           old_lp: torch.Tensor, ref_lp: torch.Tensor | None, advantages: torch.Tensor) -> None:
-        batches = micro_batches(mini, lengths, dynamic=self.cand.use_dynamic_bsz,
-                                micro_batch_size=self.cand.ppo_micro_batch_size_per_gpu,
-                                max_tokens=self.cand.ppo_max_token_len_per_gpu, padded=not self.cand.use_remove_padding)
+        batches = self._micro_batches(lengths, mini, self.cand.ppo_micro_batch_size_per_gpu,
+                                      self.cand.ppo_max_token_len_per_gpu)
         offload = torch.autograd.graph.save_on_cpu(pin_memory=self.device.type == "cuda")
         for indices in batches:
             batch = self._micro_batch(traj, indices)
