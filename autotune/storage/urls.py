@@ -45,6 +45,12 @@ def check_storage_url(url: str) -> str:
 
 STORAGE_RETRY_WAITS_S = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)  # ~30 s: a database restart or a held lock
 
+# A lost connection or a lock. PendingRollbackError belongs here: when a server restart kills the
+# connection inside a call, Optuna's _get_trials catches the first error and retries in the same
+# session, whose dead transaction then raises it ("Can't reconnect until invalid transaction is
+# rolled back"); Optuna's session wrapper rolls back, so the repeated call runs on a new connection.
+_TRANSIENT = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError, sqlalchemy.exc.PendingRollbackError)
+
 
 def _retrying(name: str):
     original = getattr(optuna.storages.RDBStorage, name)
@@ -53,10 +59,9 @@ def _retrying(name: str):
         for wait_s in STORAGE_RETRY_WAITS_S + (None,):
             try:
                 return original(self, *args, **kwargs)
-            except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError,
-                    optuna.exceptions.StorageInternalError) as exc:
+            except (*_TRANSIENT, optuna.exceptions.StorageInternalError) as exc:
                 cause = exc.__cause__ if isinstance(exc, optuna.exceptions.StorageInternalError) else exc
-                if not isinstance(cause, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)):
+                if not isinstance(cause, _TRANSIENT):
                     raise  # a real error in the data, not a lost connection or a lock: never retried
                 exc = cause
                 if wait_s is None:

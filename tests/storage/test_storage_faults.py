@@ -85,6 +85,37 @@ class DiskFullAfter(ProbeRunner):
         return self.sim.probe(request, report)
 
 
+@pytest.mark.parametrize("error", ["pending_rollback", "integrity"])
+def test_a_dead_transaction_is_retried_but_a_data_error_is_not(tmp_path, monkeypatch, error):
+    """The chain a PostgreSQL restart produced mid-_get_trials (CI, 2026-12-02): AdminShutdown inside
+    Optuna's fallback query, then PendingRollbackError wrapped in StorageInternalError. That is a lost
+    connection and is retried; an IntegrityError in the same wrapper is bad data and is raised at once."""
+    import sqlalchemy
+
+    monkeypatch.setattr(urls, "STORAGE_RETRY_WAITS_S", (0.01, 0.01))
+    storage = _storage(tmp_path / "a.db")
+    study = optuna.create_study(storage=storage, study_name="s")
+    calls = []
+    original = optuna.storages.RDBStorage.get_all_studies
+
+    def flaky(self):
+        calls.append(1)
+        if len(calls) == 1:
+            cause = (sqlalchemy.exc.PendingRollbackError("Can't reconnect until invalid transaction is rolled back")
+                     if error == "pending_rollback" else sqlalchemy.exc.IntegrityError("INSERT", {}, Exception("dup")))
+            raise optuna.exceptions.StorageInternalError("An exception is raised during the commit.") from cause
+        return original(self)
+
+    monkeypatch.setattr(optuna.storages.RDBStorage, "get_all_studies", flaky)
+    retrying = urls._retrying("get_all_studies")
+    if error == "pending_rollback":
+        assert [s.study_name for s in retrying(storage)] == [study.study_name] and len(calls) == 2
+    else:
+        with pytest.raises(optuna.exceptions.StorageInternalError):
+            retrying(storage)
+        assert len(calls) == 1
+
+
 def test_a_full_disk_stops_the_study_with_the_cause_and_keeps_finished_trials(tmp_path):
     cfg = TuneConfig(model=get_model("qwen2.5-7b"), gpu=get_gpu("H200"), gpus_per_node=8, nodes=1, backend="sim",
                      trials=20, storage_url=f"sqlite:///{tmp_path / 'a.db'}", study_name="d", out_dir=tmp_path,
