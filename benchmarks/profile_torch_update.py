@@ -6,7 +6,8 @@ Runs the probe's own update_actor (torch_workload.GrpoProbe, FSDP2 over one GPU,
 on synthetic trajectories of the torch study's workload shape, so rollout time is skipped. For each
 micro-batch plan it prints tokens, update seconds and verl's update MFU; for the first plan it also
 prints the top CUDA kernels (torch.profiler) and how much of the wall time the GPU was busy. A variant
-without remove-padding is measured for comparison. Writes OUT/profile_torch_update_<model>.json.
+without remove-padding and variants with Liger's kernels (verl's model.use_liger)
+are measured for comparison. Writes OUT/profile_torch_update_<model>.json.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ def main() -> int:
     parser.add_argument("--model", default="qwen2.5-1.5b")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--only", help="run only the plans whose name contains one of these comma-separated texts")
     args = parser.parse_args()
     gpu = match_device_name(torch.cuda.get_device_name(0)) or get_gpu("H200")
     peak = gpu.peak_bf16_flops
@@ -114,7 +116,14 @@ def main() -> int:
          BEST_2026_12_02.with_(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=65536,
                                log_prob_max_token_len_per_gpu=65536), False),
         ("micro 64, gradient checkpointing", WORKLOAD, BEST_2026_12_02.with_(gradient_checkpointing=True), False),
+        ("micro 64, liger", WORKLOAD, BEST_2026_12_02.with_(use_liger=True), False),
+        ("mini-batch 32 prompts, micro 128, liger", replace(WORKLOAD, train_batch_size=64, ppo_mini_batch_size=32),
+         BEST_2026_12_02.with_(ppo_micro_batch_size_per_gpu=128, use_liger=True), False),
+        ("micro 64, gradient checkpointing, liger", WORKLOAD,
+         BEST_2026_12_02.with_(gradient_checkpointing=True, use_liger=True), False),
     ]
+    if args.only:
+        plans = [p for p in plans if any(part in p[0] for part in args.only.split(","))]
     results = []
     for name, workload, cand, prof in plans:
         try:

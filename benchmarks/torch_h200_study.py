@@ -33,7 +33,7 @@ from autotune.workload import Workload
 
 def study_workload(args: argparse.Namespace) -> Workload:
     return Workload(train_batch_size=args.train_batch, ppo_mini_batch_size=args.mini_batch, rollout_n=4,
-                    max_prompt_length=512, max_response_length=128)
+                    max_prompt_length=512, max_response_length=128, lora_rank=args.lora_rank)
 
 
 def main() -> int:
@@ -44,6 +44,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--train-batch", type=int, default=32, help="prompts per step (x4 samples)")
     parser.add_argument("--mini-batch", type=int, default=16, help="prompts per PPO mini-batch")
+    parser.add_argument("--lora-rank", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
     args = parser.parse_args()
     workload = study_workload(args)
     import torch

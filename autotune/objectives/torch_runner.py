@@ -59,12 +59,16 @@ def rank_result_path(out: str | Path, rank: int) -> str:
     return str(out) if rank == 0 else f"{out}.rank{rank}"
 
 
-def unsupported_reason(candidate: Candidate, workload: Workload) -> str | None:
+def unsupported_reason(candidate: Candidate, workload: Workload, device: str = "cuda") -> str | None:
     """Why this backend cannot measure a candidate, or None. It runs FSDP data parallelism only."""
     if candidate.is_megatron:
         return "the torch backend measures FSDP layouts only, but got actor_engine='megatron'"
     if candidate.ulysses_sp != 1:
         return f"the torch backend does not implement Ulysses sequence parallelism, but got ulysses_sp={candidate.ulysses_sp}"
+    if candidate.use_liger and importlib.util.find_spec("liger_kernel") is None:
+        return "use_liger needs liger-kernel (`pip install liger-kernel`), which is not installed"
+    if candidate.use_liger and device != "cuda":
+        return "use_liger runs Liger's Triton kernels, which need a CUDA GPU"
     if workload.lora_rank and importlib.util.find_spec("peft") is None:
         return f"the torch backend measures LoRA (lora_rank={workload.lora_rank}) with peft, which is not installed"
     return None
@@ -123,10 +127,10 @@ class TorchRunner(ProbeRunner):
         self.python = python
 
     def unsupported(self, candidate: Candidate, workload: Workload) -> str | None:
-        return unsupported_reason(candidate, workload)
+        return unsupported_reason(candidate, workload, self.device)
 
     def probe(self, request: ProbeRequest, report: StepReporter) -> ProbeResult:
-        reason = unsupported_reason(request.candidate, request.workload)
+        reason = unsupported_reason(request.candidate, request.workload, self.device)
         if reason:
             raise ProbeRejected(reason)  # a property of the candidate: the sampler learns to avoid it
         run_dir = Path(request.run_dir)

@@ -454,6 +454,14 @@ def build_causal_lm(model: ModelSpec, *, dtype: torch.dtype, device: torch.devic
         return cls(config)
 
 
+def apply_liger(lm) -> None:
+    """Liger's RMSNorm, SwiGLU and RoPE Triton kernels on this instance, exactly as verl applies them
+    (engine/fsdp/transformer_impl.py:307-316: fused_linear_cross_entropy=False, swiglu=True)."""
+    from liger_kernel.transformers.monkey_patch import _apply_liger_kernel_to_instance
+
+    _apply_liger_kernel_to_instance(model=lm, fused_linear_cross_entropy=False, swiglu=True)
+
+
 def enable_gradient_checkpointing(lm) -> None:
     """Non-reentrant, as verl (engine/fsdp/transformer_impl.py); transformers 5.2x renamed the method."""
     if hasattr(lm, "activation_checkpointing_enable"):
@@ -804,6 +812,8 @@ class GrpoProbe:
         attention = PACKED_ATTENTION if cand.use_remove_padding else "sdpa"
         # verl FSDP keeps fp32 master weights (fsdp_config.model_dtype: fp32) and computes in bf16.
         actor_lm = build_causal_lm(req.model, dtype=torch.float32, device=device, max_len=max_len, attention=attention)
+        if cand.use_liger:  # before the adapters, as verl (the engine patches the module, then wraps it)
+            apply_liger(actor_lm)
         if self.work.lora_rank:
             actor_lm = apply_lora(actor_lm, self.work.lora_rank, self.work.lora_target_modules)
         if cand.gradient_checkpointing:
@@ -816,6 +826,8 @@ class GrpoProbe:
         if self.work.use_kl_loss and not self.work.lora_rank:
             ref_lm = build_causal_lm(req.model, dtype=torch.bfloat16, device=device, max_len=max_len,
                                      attention=attention).eval()
+            if cand.use_liger:  # the reference is built by the same engine code
+                apply_liger(ref_lm)
             self.ref = PolicyHead(ref_lm, entropy_from_logits)
         fsdp2_shard(self.actor, param_dtype=torch.bfloat16)
         if self.ref is not None:

@@ -41,6 +41,7 @@ class Candidate:
     ref_param_offload: bool = False
     use_remove_padding: bool = True
     use_torch_compile: bool = True
+    use_liger: bool = False  # fsdp only; Liger's RMSNorm, SwiGLU and RoPE kernels (needs liger-kernel)
     cuda_device_max_connections: int = 0  # 0: unset; megatron with TP/SP overlap wants 1
 
     @property

@@ -132,3 +132,35 @@ def test_fused_log_probs_match_eager_fp32_forward_and_backward():
     assert fused.dtype == torch.float32
     assert torch.allclose(fused, eager, atol=1e-4)
     assert torch.allclose(grad_fused.float(), logits.grad.float(), atol=1e-2)
+
+
+def test_liger_kernels_keep_the_log_probs_and_the_probe_runs(tmp_path):
+    """verl's model.use_liger: Liger's RMSNorm/SwiGLU/RoPE kernels give the HF modules' log-probs (bf16
+    tolerance) on the same weights, and a probe with them runs every phase and saves update memory."""
+    pytest.importorskip("liger_kernel")
+    from autotune.objectives.torch_workload import (PACKED_ATTENTION, PolicyHead, apply_liger, build_causal_lm,
+                                                    entropy_from_logits, packed_micro_batch)
+
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    prompt_lengths, response = [37, 200, 5, 91], 16
+    sequences = [torch.randint(0, MODEL.vocab_size, (p + response,), device=device) for p in prompt_lengths]
+    batch = packed_micro_batch(sequences, prompt_lengths, response, device)
+    eager = PolicyHead(build_causal_lm(MODEL, dtype=torch.bfloat16, device=device, max_len=256,
+                                       attention=PACKED_ATTENTION), entropy_from_logits)
+    expected, _ = eager(batch)
+    liger_lm = build_causal_lm(MODEL, dtype=torch.bfloat16, device=device, max_len=256, attention=PACKED_ATTENTION)
+    liger_lm.load_state_dict(eager.lm.state_dict())
+    apply_liger(liger_lm)
+    got, _ = PolicyHead(liger_lm, entropy_from_logits)(batch)
+    assert type(liger_lm.model.norm).__name__.startswith("Liger")
+    assert torch.allclose(got.float(), expected.float(), atol=0.1, rtol=0.02)
+
+    runner = TorchRunner(device="cuda", multi_gpu=False, request_overrides={"scale": {"trajectories": 32}})
+    plain = CANDIDATE.with_(gradient_checkpointing=False, ppo_micro_batch_size_per_gpu=32)
+    with_liger = runner.probe(gpu_request(tmp_path / "liger", plain.with_(use_liger=True)), lambda step, tps: False)
+    without = runner.probe(gpu_request(tmp_path / "plain", plain), lambda step, tps: False)
+    assert all(with_liger.phase_s[phase] > 0 for phase in PHASES)
+    update_peak = {name: r.extra["phase_peak_mem_gib"]["update_actor"]
+                   for name, r in (("liger", with_liger), ("plain", without))}
+    assert update_peak["liger"] < update_peak["plain"], update_peak
