@@ -134,7 +134,9 @@ def build_tune_config(args):
     from autotune.config import TuneConfig, TuneYaml, check_study_name, default_study_name, load_tune_yaml
     from autotune.hardware import DEFAULT_GPU, detect_gpus, get_gpu, match_device_name
     from autotune.models import get_model
-    from autotune.objectives.select import choose_backend
+    from dataclasses import replace
+
+    from autotune.objectives.select import choose_backend, knobs_held_off
     from autotune.search.driver import build_space
     from autotune.search.feasibility import require_fit
     from autotune.storage.urls import check_storage_url, default_storage_url
@@ -190,6 +192,10 @@ def build_tune_config(args):
               f"the baseline; {len(job.passthrough)} other keys pass through")
         for name in job.unresolved:
             print(f"not read statically: {name}")
+    held = {k: v for k, v in knobs_held_off(cfg.backend).items() if k not in cfg.fixed and k not in cfg.ranges}
+    if held and getattr(args, "executor", "local") == "local":  # Ray workers may have what this host lacks
+        cfg = replace(cfg, fixed={**cfg.fixed, **held})
+        print(f"held off (package not installed here): {', '.join(held)}")
     build_space(cfg)  # validates fixed/ranges/tune_workload against the model and GPU count
     require_fit(model, gpu, cfg.workload, gpus_per_node=cfg.gpus_per_node, nodes=cfg.nodes)
     if choice.note:

@@ -84,6 +84,8 @@ SYSTEM_KNOBS = (
     Knob(f"{ARO}.model.use_remove_padding", "use_remove_padding", "hf_model.yaml:40"),
     Knob(f"{ARO}.actor.fsdp_config.use_torch_compile", "use_torch_compile", "engine/fsdp.yaml:54"),
     Knob(f"{ARO}.actor.use_torch_compile", "use_torch_compile", "actor.yaml:110"),
+    Knob(f"{ARO}.model.use_liger", "use_liger",
+         "hf_model.yaml:58; Liger RMSNorm/SwiGLU/RoPE kernels (engine/fsdp/transformer_impl.py:307-316)"),
     # derived by autotune from the knobs above; a user value is replaced by the consistent one
     Knob(f"{ARO}.rollout.log_prob_use_dynamic_bsz", None, "rollout.yaml:113 (must equal actor.use_dynamic_bsz)"),
     Knob(f"{ARO}.ref.log_prob_use_dynamic_bsz", None, "ref.yaml:20"),

@@ -29,7 +29,7 @@ def candidate_summary(c: dict) -> str:
         batch = f"micro {c['ppo_micro_batch_size_per_gpu']}/{c['log_prob_micro_batch_size_per_gpu']}"
     saves = [name for key, name in (("gradient_checkpointing", "ckpt"), ("param_offload", "p-off"),
                                     ("optimizer_offload", "o-off"), ("activation_offload", "a-off"),
-                                    ("ref_param_offload", "ref-off")) if c.get(key)]
+                                    ("ref_param_offload", "ref-off"), ("use_liger", "liger")) if c.get(key)]
     return (f"{layout} | rollout tp{c['rollout_tp']} mem {c['gpu_memory_utilization']:.2f} seqs {c['max_num_seqs']} "
             f"| {batch} | {' '.join(saves) or 'no savers'}")
 

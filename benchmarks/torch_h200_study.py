@@ -36,6 +36,25 @@ def study_workload(args: argparse.Namespace) -> Workload:
                     max_prompt_length=512, max_response_length=128, lora_rank=args.lora_rank)
 
 
+def probe_default(cfg: TuneConfig, trial, out: Path) -> dict:
+    """Probe verl's default outside the study (the gate predicted an OOM): a measured OOM or a measurement."""
+    from autotune.errors import ProbeOOM
+    from autotune.objectives.base import ProbeRequest
+    from autotune.spaces.candidate import Candidate
+
+    request = ProbeRequest(model=cfg.model, gpu=cfg.gpu, n_gpus=1, nodes=1, workload=cfg.workload,
+                           candidate=Candidate.from_params(trial.user_attrs["candidate"]), run_dir=out / "default_probe",
+                           warmup_steps=cfg.probe.warmup_steps, timed_steps=cfg.probe.timed_steps)
+    predicted = trial.user_attrs.get("predicted_peak_gib")
+    try:
+        result = TorchRunner(device="cuda", deadline_s=300, idle_timeout_s=240).probe(request, lambda step, tps: False)
+    except ProbeOOM as exc:
+        return {"outcome": f"OOM in {exc.phase}", "peak_mem_gib": exc.peak_mem_gib, "predicted_peak_gib": predicted,
+                "message": str(exc)}
+    return {"outcome": "fits", "peak_mem_gib": result.peak_mem_gib, "predicted_peak_gib": predicted,
+            "tokens_per_s_per_gpu": result.tokens_per_s_per_gpu, "mfu_update": result.mfu, "message": ""}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="qwen2.5-1.5b")
@@ -45,6 +64,9 @@ def main() -> int:
     parser.add_argument("--train-batch", type=int, default=32, help="prompts per step (x4 samples)")
     parser.add_argument("--mini-batch", type=int, default=16, help="prompts per PPO mini-batch")
     parser.add_argument("--lora-rank", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
+    parser.add_argument("--measure-default", action="store_true",
+                        help="when the memory gate kept verl's default from launching, probe it anyway afterwards, "
+                             "to check the predicted OOM against a real one")
     args = parser.parse_args()
     workload = study_workload(args)
     import torch
@@ -79,8 +101,14 @@ def main() -> int:
         study = load_study(cfg.storage_url, cfg.study_name)
     recs = records(study)
     base, best = baseline_record(study), (best_records(study, k=1) or [None])[0]
-    mem_err = []
+    default_probe = None
+    if args.measure_default and base is not None and base.state != "measured":
+        default_probe = probe_default(cfg, study.trials[base.number], args.out)
+    mem_err, launched_ooms = [], []
     for t in study.trials:
+        if t.user_attrs.get("launched") and t.user_attrs.get("state") == "oom":  # the gate let a real OOM through
+            launched_ooms.append({"trial": t.number, "predicted_gib": t.user_attrs.get("predicted_peak_gib"),
+                                  "reason": t.user_attrs.get("reason", "")[:200]})
         measured, predicted = t.user_attrs.get("peak_mem_gib"), t.user_attrs.get("predicted_peak_gib")
         if t.user_attrs.get("launched") and measured and predicted and t.user_attrs.get("state") == "measured":
             mem_err.append({"trial": t.number, "measured_gib": measured, "predicted_gib": predicted,
@@ -98,6 +126,8 @@ def main() -> int:
         "best": None if best is None else {"trial": best.number, "tokens_per_s_per_gpu": best.tokens_per_s_per_gpu,
                                            "mfu_update": best.mfu, "peak_mem_gib": best.peak_mem_gib},
         "sim_memory_error": mem_err,
+        "default_probe": default_probe,
+        "launched_ooms": launched_ooms,
     }
     (args.out / f"torch_study_{args.model}.json").write_text(json.dumps(doc, indent=1, default=str))
     print(f"\n{args.model} on {gpus.device_name} (driver {gpus.driver}, torch {torch.__version__}), "
@@ -109,6 +139,11 @@ def main() -> int:
             print(f"| {name} (trial {r.number}) | {r.tokens_per_s_per_gpu:.0f} | {r.mfu or 0:.3f} | {r.peak_mem_gib:.1f} |")
     if base and best and base.tokens_per_s_per_gpu:
         print(f"speed-up x{best.tokens_per_s_per_gpu / base.tokens_per_s_per_gpu:.2f}")
+    print(f"OOMs among launched probes (predicted to fit, did not): {len(launched_ooms)}")
+    if default_probe is not None:
+        print(f"verl default (trial {base.number}, {base.state}: not launched by the study), probed afterwards: "
+              f"{default_probe['outcome']}, peak {default_probe['peak_mem_gib']} GiB against the sim's "
+              f"{default_probe['predicted_peak_gib']:.1f} GiB predicted ({default_probe['message'][:160]})")
     if mem_err:
         print(f"sim peak-memory error on {len(mem_err)} measured probes: median "
               f"{statistics.median(abs(e['error']) for e in mem_err):.1%}")

@@ -39,6 +39,11 @@ class ActivationConstants:
     verl_logits_forward_bytes: float = 2.0
     verl_entropy_bytes: float = 4.0  # softmax and its product with the logits, bf16, when not compiled
     verl_entropy_compiled_bytes: float = 0.5  # torch.compile fuses them (use_torch_compile, on by default)
+    # model.use_liger: Liger's SwiGLU saves only gate and up and recomputes SiLU(gate) in backward
+    # (liger_kernel/ops/swiglu.py), so the MLP keeps one MLP-wide bf16 tensor less: 2 bytes per MLP unit
+    # by the code; fitted 1.47 on the H200 A/B pair (Qwen2.5-1.5B, 22k tokens per micro-batch, no
+    # checkpointing: 109.5 -> 101.4 GiB; benchmarks/results/h200-2026-12-02-torch-session3/).
+    liger_saved_per_i: float = 1.47
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +57,10 @@ class ThroughputConstants:
     t_half_log2_slope: float  # multiplicative change of t_half per doubling of hidden size
     ckpt_throughput_factor: float  # full recompute (fitted on the ckpt rows)
     forward_mfu_factor: float  # forward-only MFU relative to training MFU at the same tokens (fitted)
+    # model.use_liger: fused RMSNorm/SwiGLU/RoPE kernels replace HF's eager elementwise chains. Measured on the
+    # H200 (Qwen2.5-1.5B update, 44k tokens): MFU 0.446 -> 0.550 (x1.233) without checkpointing and
+    # 0.362 -> 0.461 (x1.274) with it; the geometric mean. Applied to forward-only passes too (assumed).
+    liger_throughput_factor: float = 1.253
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -85,6 +85,8 @@ def _pass_s(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate,
         mfu *= k.throughput.ckpt_throughput_factor
     if not forward_only and cand.actor_engine == "fsdp2":
         mfu *= k.system.fsdp2_throughput_factor
+    if cand.use_liger:
+        mfu *= k.throughput.liger_throughput_factor
     compute_s = flops / (mfu * gpu.peak_bf16_flops)
 
     n_micro = max(seqs_per_rank * seq / max(tok_micro, 1.0), 1.0) * (1 if forward_only else workload.ppo_epochs)
@@ -98,7 +100,7 @@ def _pass_s(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate,
         total /= (1 - bubble)
     if cand.activation_offload and not forward_only:
         act = train_activation_bytes(model, tok_micro, layers=model.num_layers,
-                                     checkpointing=cand.gradient_checkpointing, c=k.activations)
+                                     checkpointing=cand.gradient_checkpointing, c=k.activations, liger=cand.use_liger)
         total += 0.5 * 2 * _host_copy_s(act, gpu, k) * n_micro  # D2H in forward, H2D in backward, half hidden
     return total, flops
 

@@ -61,14 +61,16 @@ def mlp_width(model: ModelSpec) -> int:
     return model.intermediate_size
 
 
-def activation_bytes_per_token_per_layer(model: ModelSpec, c: ActivationConstants = ACTIVATIONS) -> float:
-    return c.per_h * model.hidden_size + c.per_i * mlp_width(model)
+def activation_bytes_per_token_per_layer(model: ModelSpec, c: ActivationConstants = ACTIVATIONS, *,
+                                         liger: bool = False) -> float:
+    per_i = c.per_i - (c.liger_saved_per_i if liger else 0.0)
+    return c.per_h * model.hidden_size + per_i * mlp_width(model)
 
 
 def train_activation_bytes(model: ModelSpec, tokens: float, *, layers: float, checkpointing: bool,
-                           c: ActivationConstants = ACTIVATIONS) -> float:
+                           c: ActivationConstants = ACTIVATIONS, liger: bool = False) -> float:
     """Saved activations of `tokens` tokens through `layers` layers, plus the recompute of one layer."""
-    full_layer = activation_bytes_per_token_per_layer(model, c) * tokens
+    full_layer = activation_bytes_per_token_per_layer(model, c, liger=liger) * tokens
     if not checkpointing:
         return full_layer * layers
     return c.ckpt_per_h * model.hidden_size * tokens * layers + full_layer
@@ -254,10 +256,11 @@ def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Ca
     in_flight = min(cand.actor_pp, max(layout.micro_batches_per_mini, 1)) if cand.is_megatron else 1
     vpp_extra = 1 + (cand.actor_pp - 1) / (cand.actor_pp * cand.actor_vpp) if cand.is_megatron and cand.actor_pp > 1 else 1
     act = train_activation_bytes(model, tok, layers=layers_on_rank, checkpointing=cand.gradient_checkpointing,
-                                 c=act_c)
+                                 c=act_c, liger=cand.use_liger)
     act *= in_flight * vpp_extra  # 1F1B keeps up to PP micro-batches of L/PP layers on the first stage
     if cand.activation_offload:
-        act = train_activation_bytes(model, tok, layers=1, checkpointing=False, c=act_c)  # one layer on GPU at a time
+        act = train_activation_bytes(model, tok, layers=1, checkpointing=False, c=act_c,  # one layer on GPU at a time
+                                     liger=cand.use_liger)
     logits_start = train_logits_bytes(model, tok, start_of_backward=True, c=act_c, verl=True) / vocab_split
     logits_end = train_logits_bytes(model, tok, start_of_backward=False, c=act_c, verl=True) / vocab_split
     static = state.weights + ref_resident + state.gather_buffer + sleeping_vllm + overhead
@@ -265,7 +268,7 @@ def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Ca
     if cand.gradient_checkpointing and not cand.activation_offload:
         # the logits (and their in-place gradient) are gone once the LM head's backward has run, before the
         # first layer is recomputed: the two peaks do not stack
-        recompute = activation_bytes_per_token_per_layer(model, act_c) * tok
+        recompute = activation_bytes_per_token_per_layer(model, act_c, liger=cand.use_liger) * tok
         bwd_start = static + optim_resident + frag * (layer_inputs * in_flight * vpp_extra
                                                        + max(logits_start, recompute))
     else:

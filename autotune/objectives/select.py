@@ -12,6 +12,9 @@ from autotune.objectives.base import _BACKENDS, _NOT_YET, BACKEND_NAMES
 # Python packages each real backend needs on the probing machine.
 REQUIREMENTS = {"verl": ("verl", "vllm", "ray"), "torch": ("torch", "transformers")}
 EXTRAS = {"verl": "pip install 'autotune[verl]'", "torch": "pip install 'autotune[torch]'"}
+# Boolean knobs whose True needs an optional package where the probe runs (verl imports it when the knob
+# is on: engine/fsdp/transformer_impl.py:310 for liger_kernel).
+KNOB_PACKAGES = {"use_liger": "liger_kernel"}
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,29 @@ class BackendChoice:
 
 def missing_requirements(name: str) -> list[str]:
     return [mod for mod in REQUIREMENTS.get(name, ()) if importlib.util.find_spec(mod) is None]
+
+
+def knob_without_package(knob: str) -> str | None:
+    """The package `knob`=True needs where it is missing on this machine, or None."""
+    package = KNOB_PACKAGES.get(knob)
+    return package if package and importlib.util.find_spec(package) is None else None
+
+
+def knob_package_missing(candidate) -> str | None:
+    """Why `candidate` cannot run here for want of a knob's package, or None."""
+    for knob, package in KNOB_PACKAGES.items():
+        if getattr(candidate, knob) and knob_without_package(knob):
+            return f"{knob} needs {package.replace('_', '-')} (`pip install {package.replace('_', '-')}`), " \
+                   "which is not installed"
+    return None
+
+
+def knobs_held_off(backend: str) -> dict[str, bool]:
+    """Knobs a real backend on this machine cannot turn on (their package is missing): held at False so the
+    sampler does not spend trials on them. `sim` models every knob."""
+    if backend == "sim":
+        return {}
+    return {knob: False for knob in KNOB_PACKAGES if knob_without_package(knob)}
 
 
 def unavailable_reason(name: str, gpus: DetectedGpus | None) -> str | None:

@@ -33,6 +33,7 @@ from autotune.hardware import detect_gpus
 from autotune.models import ModelSpec, get_model
 from autotune.objectives.base import ProbePruned, ProbeRequest, ProbeResult, ProbeRunner, StepReporter
 from autotune.objectives.process import ProcessOutcome, run_in_process_group
+from autotune.objectives.select import knob_package_missing
 from autotune.spaces.candidate import Candidate
 from autotune.workload import Workload
 
@@ -65,8 +66,9 @@ def unsupported_reason(candidate: Candidate, workload: Workload, device: str = "
         return "the torch backend measures FSDP layouts only, but got actor_engine='megatron'"
     if candidate.ulysses_sp != 1:
         return f"the torch backend does not implement Ulysses sequence parallelism, but got ulysses_sp={candidate.ulysses_sp}"
-    if candidate.use_liger and importlib.util.find_spec("liger_kernel") is None:
-        return "use_liger needs liger-kernel (`pip install liger-kernel`), which is not installed"
+    missing = knob_package_missing(candidate)
+    if missing:
+        return missing
     if candidate.use_liger and device != "cuda":
         return "use_liger runs Liger's Triton kernels, which need a CUDA GPU"
     if workload.lora_rank and importlib.util.find_spec("peft") is None:

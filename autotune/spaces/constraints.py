@@ -302,6 +302,10 @@ def engine_knobs_match_engine(ctx: CheckContext) -> Violation | None:
     if c.is_megatron and c.activation_offload:
         return _v("engine_knobs_match_engine", "enable_activation_offload is supported by the FSDP engine only",
                   "verl", "verl/workers/engine/fsdp/transformer_impl.py:477-479")
+    if c.is_megatron and c.use_liger:
+        # verl's Megatron engine never reads model.use_liger: the knob would be a silent no-op
+        return _v("engine_knobs_match_engine", "use_liger is applied by the FSDP engine only", "verl",
+                  "verl/workers/engine/fsdp/transformer_impl.py:307-316")
     megatron_only = (c.actor_tp, c.actor_pp, c.actor_vpp, c.actor_cp, c.actor_ep, c.actor_etp)
     if not c.is_megatron and any(v != 1 for v in megatron_only):
         return _v("engine_knobs_match_engine", "tensor/pipeline/context/expert parallel sizes apply to the Megatron "

@@ -110,6 +110,9 @@ def candidate_overrides(c: Candidate, *, use_kl_loss: bool = True) -> dict:
         f"{a}.use_torch_compile": c.use_torch_compile,
         f"{m}.enable_gradient_checkpointing": c.gradient_checkpointing,
         f"{m}.enable_activation_offload": c.activation_offload,
+        # read by the FSDP engine only (engine/fsdp/transformer_impl.py:307); the actor and the reference
+        # are built from this one model config
+        f"{m}.use_liger": c.use_liger,
     })
     if use_kl_loss:
         out[f"{ref}.fsdp_config.param_offload"] = c.ref_param_offload

@@ -122,6 +122,16 @@ def test_checkpointing_slows_update_actor():
     assert with_ckpt > without
 
 
+def test_liger_speeds_up_every_pass_by_its_measured_factor():
+    from autotune.objectives.calibration import THROUGHPUT
+
+    plain, liger = step(DEFAULT_7B), step(DEFAULT_7B.with_(use_liger=True))
+    assert liger.mfu_actor == pytest.approx(plain.mfu_actor * THROUGHPUT.liger_throughput_factor, rel=0.05)
+    for phase in ("old_log_prob", "update_actor"):
+        assert liger.phase_s[phase] < plain.phase_s[phase]
+    assert liger.phase_s["gen"] == plain.phase_s["gen"]  # vLLM has its own kernels
+
+
 def test_bigger_micro_batches_speed_up_update_actor():
     times = [step(DEFAULT_7B.with_(ppo_micro_batch_size_per_gpu=m)).phase_s["update_actor"] for m in (1, 2, 4, 8)]
     assert all(a > b for a, b in itertools.pairwise(times)), times

@@ -39,3 +39,20 @@ def test_unknown_backend():
         select.choose_backend("tpu", None)
     with pytest.raises(BackendUnavailable, match="unknown backend"):
         get_runner("tpu")
+
+
+def test_knobs_whose_package_is_missing_are_held_off_for_real_backends_only(monkeypatch):
+    real_find_spec = select.importlib.util.find_spec
+    monkeypatch.setattr(select.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "liger_kernel" else real_find_spec(name, *a))
+    assert select.knobs_held_off("torch") == {"use_liger": False}
+    assert select.knobs_held_off("verl") == {"use_liger": False}
+    assert select.knobs_held_off("sim") == {}  # the model prices every knob
+    from autotune.spaces.candidate import Candidate
+    assert "pip install liger-kernel" in select.knob_package_missing(Candidate(use_liger=True))
+    assert select.knob_package_missing(Candidate(use_liger=False)) is None
+
+
+def test_knobs_are_not_held_off_when_their_package_is_installed(monkeypatch):
+    monkeypatch.setattr(select.importlib.util, "find_spec", lambda name, *a: object())
+    assert select.knobs_held_off("torch") == {}

@@ -153,7 +153,7 @@ def test_liger_kernels_keep_the_log_probs_and_the_probe_runs(tmp_path):
     liger_lm.load_state_dict(eager.lm.state_dict())
     apply_liger(liger_lm)
     got, _ = PolicyHead(liger_lm, entropy_from_logits)(batch)
-    assert type(liger_lm.model.norm).__name__.startswith("Liger")
+    assert repr(liger_lm.model.norm).startswith("LigerRMSNorm")  # Liger patches the instance, not its class
     assert torch.allclose(got.float(), expected.float(), atol=0.1, rtol=0.02)
 
     runner = TorchRunner(device="cuda", multi_gpu=False, request_overrides={"scale": {"trajectories": 32}})

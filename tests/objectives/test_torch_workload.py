@@ -323,3 +323,15 @@ def test_megatron_candidates_are_rejected_before_launch(tmp_path):
     with pytest.raises(ProbeRejected, match="FSDP layouts only"):
         TorchRunner(device="cpu").probe(tiny_request(tmp_path, actor_engine="megatron"), lambda step, tps: False)
     assert not (tmp_path / "probe").exists()
+
+
+def test_liger_candidates_are_rejected_on_the_cpu_and_without_the_package(tmp_path, monkeypatch):
+    """Liger's kernels are Triton: a CPU probe cannot run them, and neither can a GPU without liger-kernel."""
+    from autotune.objectives import select
+
+    with pytest.raises(ProbeRejected, match="need a CUDA GPU|not installed"):
+        TorchRunner(device="cpu").probe(tiny_request(tmp_path, use_liger=True), lambda step, tps: False)
+    assert not (tmp_path / "probe").exists()
+    monkeypatch.setattr(select, "knob_without_package", lambda knob: "liger_kernel")
+    reason = TorchRunner(device="cuda").unsupported(Candidate(use_liger=True), Workload())
+    assert "use_liger needs liger-kernel" in reason

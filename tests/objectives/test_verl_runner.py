@@ -164,3 +164,13 @@ def test_a_study_on_the_verl_backend_keeps_logs_as_artifacts(tmp_path):
     download_artifact(artifact_store=FileSystemArtifactStore(str(tmp_path / "artifacts")), file_path=str(out),
                       artifact_id=launched[0].user_attrs["log_artifact_id"])
     assert "step:3" in out.read_text()
+
+
+def test_a_knob_whose_package_is_missing_is_rejected_before_launch(monkeypatch):
+    from autotune.objectives import select
+
+    monkeypatch.setattr(select, "knob_without_package", lambda knob: "liger_kernel")
+    assert "use_liger needs liger-kernel" in VerlRunner().unsupported(Candidate(use_liger=True), Workload())
+    assert VerlRunner().unsupported(Candidate(use_liger=False), Workload()) is None
+    # another interpreter's packages are not visible from here: verl's own import error will say it
+    assert VerlRunner(python="/opt/other/python").unsupported(Candidate(use_liger=True), Workload()) is None

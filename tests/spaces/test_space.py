@@ -225,7 +225,7 @@ def test_megatron_knobs_only_under_megatron(model):
         else:
             assert megatron_knobs <= set(trial.params)
             assert not set(FSDP_ONLY) & set(trial.params)
-            assert cand.ulysses_sp == 1 and cand.activation_offload is False
+            assert cand.ulysses_sp == 1 and cand.activation_offload is False and cand.use_liger is False
             assert cand.cuda_device_max_connections in (1, 8)
     assert all(seen.values()), seen
 

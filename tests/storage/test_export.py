@@ -16,7 +16,7 @@ CANDIDATES = {
                                           ppo_max_token_len_per_gpu=24576, log_prob_max_token_len_per_gpu=49152,
                                           param_offload=True, optimizer_offload=True, ref_param_offload=True,
                                           activation_offload=True, gradient_checkpointing=False,
-                                          use_torch_compile=False, enable_chunked_prefill=False),
+                                          use_torch_compile=False, enable_chunked_prefill=False, use_liger=True),
     "megatron-tp-pp-vpp": Candidate(actor_engine="megatron", actor_tp=2, actor_pp=2, actor_vpp=7, actor_cp=2,
                                     cuda_device_max_connections=1, rollout_tp=4, gpu_memory_utilization=0.65),
     "megatron-moe-ep": Candidate(actor_engine="megatron", actor_tp=1, actor_ep=8, actor_etp=1, rollout_tp=4,
