@@ -134,9 +134,7 @@ def build_tune_config(args):
     from autotune.config import TuneConfig, TuneYaml, check_study_name, default_study_name, load_tune_yaml
     from autotune.hardware import DEFAULT_GPU, detect_gpus, get_gpu, match_device_name
     from autotune.models import get_model
-    from dataclasses import replace
-
-    from autotune.objectives.select import choose_backend, knobs_held_off
+    from autotune.objectives.select import choose_backend
     from autotune.search.driver import build_space
     from autotune.search.feasibility import require_fit
     from autotune.storage.urls import check_storage_url, default_storage_url
@@ -192,10 +190,6 @@ def build_tune_config(args):
               f"the baseline; {len(job.passthrough)} other keys pass through")
         for name in job.unresolved:
             print(f"not read statically: {name}")
-    held = {k: v for k, v in knobs_held_off(cfg.backend).items() if k not in cfg.fixed and k not in cfg.ranges}
-    if held and getattr(args, "executor", "local") == "local":  # Ray workers may have what this host lacks
-        cfg = replace(cfg, fixed={**cfg.fixed, **held})
-        print(f"held off (package not installed here): {', '.join(held)}")
     build_space(cfg)  # validates fixed/ranges/tune_workload against the model and GPU count
     require_fit(model, gpu, cfg.workload, gpus_per_node=cfg.gpus_per_node, nodes=cfg.nodes)
     if choice.note:
@@ -246,7 +240,7 @@ def cmd_estimate(args) -> int:
 
 def cmd_run(args) -> int:
     from autotune.objectives.base import get_runner
-    from autotune.search.driver import run_study
+    from autotune.search.driver import held_off_knobs, run_study
     from autotune.storage.results import export_best, summary, write_result_json
     from autotune.progress import RunProgress
     from autotune.ui import print_best_table
@@ -260,6 +254,9 @@ def cmd_run(args) -> int:
             study = run_study_ray(cfg, address=args.ray_address, on_trial=progress.on_trial)
     else:
         runner = get_runner(cfg.backend)
+        held = held_off_knobs(cfg, runner)
+        if held:
+            print(f"held off, their package is not installed here: {', '.join(f'{k}={v}' for k, v in held.items())}")
         with RunProgress(cfg.trials, study_name=cfg.study_name, simulated=runner.simulated,
                          warmup_steps=cfg.probe.warmup_steps, quiet=args.quiet) as progress:
             study = run_study(cfg, runner, on_trial=progress.on_trial, on_step=progress.on_step)

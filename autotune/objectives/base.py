@@ -61,6 +61,11 @@ class ProbeRunner(ABC):
         """Why this backend cannot measure `candidate` at all (checked before launch); None when it can."""
         return None
 
+    def held_off(self) -> dict:
+        """Knobs this backend cannot turn on where it runs (a package is missing), with the value they are held
+        at, so the sampler spends no trials on them. A user's own `fixed` or `ranges` entry wins."""
+        return {}
+
     @abstractmethod
     def probe(self, request: ProbeRequest, report: StepReporter) -> ProbeResult:
         """Measure one candidate; raise ProbeOOM when it does not fit, ProbePruned when told to stop."""

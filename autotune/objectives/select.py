@@ -42,11 +42,9 @@ def knob_package_missing(candidate) -> str | None:
     return None
 
 
-def knobs_held_off(backend: str) -> dict[str, bool]:
+def knobs_held_off() -> dict[str, bool]:
     """Knobs a real backend on this machine cannot turn on (their package is missing): held at False so the
-    sampler does not spend trials on them. `sim` models every knob."""
-    if backend == "sim":
-        return {}
+    sampler does not spend trials on them (`sim` models every knob and holds none)."""
     return {knob: False for knob in KNOB_PACKAGES if knob_without_package(knob)}
 
 

@@ -33,7 +33,7 @@ from autotune.hardware import detect_gpus
 from autotune.models import ModelSpec, get_model
 from autotune.objectives.base import ProbePruned, ProbeRequest, ProbeResult, ProbeRunner, StepReporter
 from autotune.objectives.process import ProcessOutcome, run_in_process_group
-from autotune.objectives.select import knob_package_missing
+from autotune.objectives.select import knob_package_missing, knobs_held_off
 from autotune.spaces.candidate import Candidate
 from autotune.workload import Workload
 
@@ -130,6 +130,11 @@ class TorchRunner(ProbeRunner):
 
     def unsupported(self, candidate: Candidate, workload: Workload) -> str | None:
         return unsupported_reason(candidate, workload, self.device)
+
+    def held_off(self) -> dict:
+        if self.device != "cuda":  # Liger's kernels are Triton, CUDA only
+            return {"use_liger": False}
+        return knobs_held_off()
 
     def probe(self, request: ProbeRequest, report: StepReporter) -> ProbeResult:
         reason = unsupported_reason(request.candidate, request.workload, self.device)

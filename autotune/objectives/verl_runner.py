@@ -21,7 +21,7 @@ from autotune.errors import (ProbeCrashed, ProbeEnvironmentError, ProbeOOM, Prob
 from autotune.objectives.base import ProbePruned, ProbeRequest, ProbeResult, ProbeRunner, StepReporter
 from autotune.objectives.gpu_monitor import GpuMonitor, idle_fraction_by_phase, phase_windows, summarize_samples
 from autotune.objectives.process import ProcessOutcome, run_in_process_group
-from autotune.objectives.select import knob_package_missing
+from autotune.objectives.select import knob_package_missing, knobs_held_off
 from autotune.objectives.verl_failures import FailureKind, classify_failure
 from autotune.objectives.verl_metrics import JsonlTail, StepMetrics, parse_console_line, summarize
 from autotune.storage.export import best_yaml_text, model_engine, verl_overrides
@@ -149,6 +149,9 @@ class VerlRunner(ProbeRunner):
         if self.python == sys.executable:  # another interpreter's packages are not visible from here
             return knob_package_missing(candidate)
         return None
+
+    def held_off(self) -> dict:
+        return knobs_held_off() if self.python == sys.executable else {}
 
     def probe(self, request: ProbeRequest, report: StepReporter) -> ProbeResult:
         argv, env, metrics_path = probe_command(request, python=self.python)

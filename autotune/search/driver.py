@@ -78,6 +78,11 @@ def open_study(cfg: TuneConfig) -> optuna.Study:
     return study
 
 
+def held_off_knobs(cfg: TuneConfig, runner: ProbeRunner) -> dict:
+    """The runner's held-off knobs that the user did not pin or range themselves."""
+    return {k: v for k, v in runner.held_off().items() if k not in cfg.fixed and k not in cfg.ranges}
+
+
 def build_space(cfg: TuneConfig) -> SearchSpace:
     return SearchSpace.build(cfg.model, cfg.workload, gpus_per_node=cfg.gpus_per_node, nodes=cfg.nodes,
                              fixed=cfg.fixed, ranges=cfg.ranges, tune_workload=cfg.tune_workload)
@@ -247,6 +252,9 @@ def start_study(cfg: TuneConfig) -> tuple[SearchSpace, optuna.Study]:
 def run_study(cfg: TuneConfig, runner: ProbeRunner, *, on_trial: TrialCallback | None = None,
               on_step: Callable[[int, int, float], None] | None = None) -> optuna.Study:
     """Run trials until the study holds `cfg.trials` finished ones or the budget ends (a second run resumes)."""
+    held = held_off_knobs(cfg, runner)
+    if held:
+        cfg = replace(cfg, fixed={**cfg.fixed, **held})
     space, study = start_study(cfg)
     ctx = StudyContext(cfg=cfg, space=space, runner=runner, on_step=on_step)
     started_s = time.monotonic()

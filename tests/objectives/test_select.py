@@ -41,13 +41,15 @@ def test_unknown_backend():
         get_runner("tpu")
 
 
-def test_knobs_whose_package_is_missing_are_held_off_for_real_backends_only(monkeypatch):
+def test_knobs_whose_package_is_missing_are_held_off_by_real_backends_only(monkeypatch):
+    from autotune.objectives.verl_runner import VerlRunner
+
     real_find_spec = select.importlib.util.find_spec
     monkeypatch.setattr(select.importlib.util, "find_spec",
                         lambda name, *a: None if name == "liger_kernel" else real_find_spec(name, *a))
-    assert select.knobs_held_off("torch") == {"use_liger": False}
-    assert select.knobs_held_off("verl") == {"use_liger": False}
-    assert select.knobs_held_off("sim") == {}  # the model prices every knob
+    assert select.knobs_held_off() == {"use_liger": False}
+    assert VerlRunner().held_off() == {"use_liger": False}
+    assert get_runner("sim").held_off() == {}  # the model prices every knob
     from autotune.spaces.candidate import Candidate
     assert "pip install liger-kernel" in select.knob_package_missing(Candidate(use_liger=True))
     assert select.knob_package_missing(Candidate(use_liger=False)) is None
@@ -55,4 +57,4 @@ def test_knobs_whose_package_is_missing_are_held_off_for_real_backends_only(monk
 
 def test_knobs_are_not_held_off_when_their_package_is_installed(monkeypatch):
     monkeypatch.setattr(select.importlib.util, "find_spec", lambda name, *a: object())
-    assert select.knobs_held_off("torch") == {}
+    assert select.knobs_held_off() == {}

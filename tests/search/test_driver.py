@@ -64,6 +64,25 @@ def test_pinned_knobs_hold_and_workload_never_changes(tmp_path):
         assert "actor_engine" not in t.params and "workload_tuned" not in t.user_attrs
 
 
+def _sim_without_liger():
+    """The sim standing in for a real backend on a machine without liger-kernel (a test double)."""
+    from autotune.objectives.sim import SimRunner
+
+    class NoLigerHere(SimRunner):
+        def held_off(self):
+            return {"use_liger": False}
+
+    return NoLigerHere()
+
+
+def test_knobs_the_backend_holds_off_are_never_proposed_unless_the_user_pins_them(tmp_path):
+    study = run_study(_cfg(tmp_path, trials=12, fixed={"actor_engine": "fsdp"}), _sim_without_liger())
+    assert all(t.user_attrs["candidate"]["use_liger"] is False and "use_liger" not in t.params for t in study.trials)
+    pinned = run_study(_cfg(tmp_path / "p", trials=4, fixed={"actor_engine": "fsdp", "use_liger": True},
+                            storage_url=f"sqlite:///{tmp_path / 'p.db'}"), _sim_without_liger())
+    assert all(t.user_attrs["candidate"]["use_liger"] is True for t in pinned.trials if not t.user_attrs.get("baseline"))
+
+
 def test_opted_in_workload_knob_is_recorded(tmp_path):
     cfg = _cfg(tmp_path, trials=8, tune_workload=("ppo_mini_batch_size",))
     study = run_study(cfg, get_runner("sim"))
