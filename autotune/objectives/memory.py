@@ -187,6 +187,15 @@ def tokens_per_micro_batch(cand: Candidate, workload: Workload, *, forward_only:
     return micro * seq
 
 
+def accumulates_gradients(cand: Candidate, workload: Workload, layout: ParallelLayout) -> bool:
+    """More than one micro-batch per mini-batch on a rank (static: count; dynamic: the mini-batch's tokens
+    over the budget, as verl's rearrange_micro_batches packs them)."""
+    if cand.use_dynamic_bsz:
+        seq = workload.mean_seq_len if cand.use_remove_padding else workload.seq_len
+        return layout.mini_batch_per_rank * seq > tokens_per_micro_batch(cand, workload, forward_only=False)
+    return layout.micro_batches_per_mini > 1
+
+
 def _token_split(cand: Candidate) -> int:
     """Ways one micro-batch's tokens are split across GPUs: Megatron SP(=TP) x CP, or Ulysses SP."""
     return cand.actor_tp * cand.actor_cp if cand.is_megatron else cand.ulysses_sp
@@ -264,15 +273,18 @@ def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Ca
     logits_start = train_logits_bytes(model, tok, start_of_backward=True, c=act_c, verl=True) / vocab_split
     logits_end = train_logits_bytes(model, tok, start_of_backward=False, c=act_c, verl=True) / vocab_split
     static = state.weights + ref_resident + state.gather_buffer + sleeping_vllm + overhead
+    # gradient accumulation: from a mini-batch's second micro-batch on, the first ones' gradients are held
+    # through the whole forward and backward (verl zero_grads once per mini-batch, dp_actor.update_policy)
+    accumulated = state.grads if accumulates_gradients(cand, workload, layout) else 0.0
     layer_inputs = act_c.ckpt_per_h * model.hidden_size * tok * layers_on_rank  # kept until their layer's backward
     if cand.gradient_checkpointing and not cand.activation_offload:
         # the logits (and their in-place gradient) are gone once the LM head's backward has run, before the
         # first layer is recomputed: the two peaks do not stack
         recompute = activation_bytes_per_token_per_layer(model, act_c, liger=cand.use_liger) * tok
-        bwd_start = static + optim_resident + frag * (layer_inputs * in_flight * vpp_extra
-                                                       + max(logits_start, recompute))
+        bwd_start = static + accumulated + optim_resident + frag * (layer_inputs * in_flight * vpp_extra
+                                                                     + max(logits_start, recompute))
     else:
-        bwd_start = static + optim_resident + frag * (act + logits_start)
+        bwd_start = static + accumulated + optim_resident + frag * (act + logits_start)
     bwd_end = static + optim_resident + state.grads + frag * (logits_end + layer_inputs)
     opt_step = static + state.grads + state.optimizer
     update = max(bwd_start, bwd_end, opt_step)

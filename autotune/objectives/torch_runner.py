@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import sys
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -53,6 +54,9 @@ RESULT_FILE = "result.json"
 LOG_FILE = "probe.log"  # the driver keeps run_dir/probe.log as the trial's artifact
 _INSTALL_HINT = "the torch backend needs `pip install 'autotune[torch]'`"
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding `autotune/`
+
+
+_SIGNALS = {s.value for s in signal.Signals}
 
 
 def rank_result_path(out: str | Path, rank: int) -> str:
@@ -249,7 +253,13 @@ def _outcome_to_result(outcome: ProcessOutcome, run_dir: Path) -> ProbeResult:
         raise ProbeTimeout(f"torch probe {why} after {outcome.wall_s:.0f} s (log: {outcome.log_path})")
     last_line = _last_error_line(outcome.log_path)
     if outcome.returncode != 0 or not records:
-        if "ModuleNotFoundError" in last_line or "ImportError" in last_line:
+        if outcome.returncode is not None and outcome.returncode < 0:  # a signal; the log's last line is not why
+            name = signal.Signals(-outcome.returncode).name if -outcome.returncode in _SIGNALS else outcome.returncode
+            hint = " (the host may have run out of memory)" if outcome.returncode == -signal.SIGKILL else ""
+            raise ProbeCrashed(f"torch probe was killed by {name}{hint} (log: {outcome.log_path})")
+        # only an uncaught import error ends a Python traceback with this line; libraries also log
+        # warnings that merely mention ImportError (liger-kernel's optional backends do)
+        if last_line.startswith(("ModuleNotFoundError:", "ImportError:")):
             raise ProbeEnvironmentError(f"torch probe could not start: {last_line} ({_INSTALL_HINT})")
         raise ProbeCrashed(f"torch probe exited with code {outcome.returncode}: {last_line or 'no output'} "
                            f"(log: {outcome.log_path})")

@@ -25,9 +25,10 @@ Choices that differ from verl, each because the real thing needs a package we do
   causal sdpa per sequence. `use_remove_padding=False` pads every row to prompt+response max like verl.
 - Log-probs: verl uses flash-attn's Triton cross-entropy kernel when flash-attn is installed
   (verl/utils/torch_functional.py `logprobs_from_logits`): one fused pass over the bf16 logits in
-  fp32 arithmetic forward and one backward, no fp32 copy of the logits kept. On CUDA the same maths
-  is compiled by Inductor into such a fused Triton kernel (compiled once per probe, in its untimed
-  warm-up step). On the CPU it runs eagerly a chunk of tokens at a time, with the same result.
+  fp32 arithmetic forward and one backward that writes the gradient over the logits in place, so no
+  fp32 copy and no second logits-sized tensor exist. On CUDA the same maths is compiled by Inductor
+  into fused Triton kernels (compiled once per probe, in its untimed warm-up step), with the same
+  in-place backward. On the CPU it runs eagerly a chunk of tokens at a time, with the same result.
 - Rollout uses HF modules, not vLLM, so decode is far slower than vLLM (calibration README); the KV
   budget, concurrency limit, chunked prefill and the "no cache blocks" failure follow vLLM. Prompts
   of a wave are left-padded to the wave's longest. rollout_tp > 1 is emulated in memory (weights
@@ -58,7 +59,6 @@ from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from autotune.hardware import GIB
 from autotune.models import ModelSpec, get_model
@@ -86,8 +86,11 @@ KL_LOSS_COEF = 0.001
 GRAD_CLIP = 1.0
 LR = 1e-6
 WEIGHT_DECAY = 0.01
-# Tokens per fp32 log-softmax chunk: 2048 x 152k vocab x 4 bytes = 1.2 GiB transient at most.
+# Tokens per fp32 log-softmax chunk: 2048 x 152k vocab x 4 bytes = 1.2 GiB transient at most. On CUDA the
+# kernels are fused (no fp32 tensor), so a chunk bounds only the bf16 gradient written back: 8192 x 152k x 2
+# bytes = 2.3 GiB.
 LOGPROB_CHUNK_TOKENS = 2048
+LOGPROB_CUDA_CHUNK_TOKENS = 8192
 
 
 # ----------------------------------------------------------------------------------------------
@@ -332,35 +335,62 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(logits, dim=-1) - torch.sum(probs * logits, dim=-1)
 
 
-def _label_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def _lse_and_label_logit(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 log-sum-exp of each row and the label's logit; the fp32 upcast is fused away when compiled."""
     logits = logits.float()
-    return logits.gather(-1, labels[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1), logits.gather(-1, labels[:, None]).squeeze(-1)
 
 
-_fused_label_log_probs: Callable | None = None
+def _label_log_prob_grad(logits: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor,
+                         grad: torch.Tensor) -> torch.Tensor:
+    """d log p(label) / d logits = onehot(label) - softmax(logits), scaled by the incoming gradient."""
+    probs = torch.exp(logits.float() - lse[:, None])
+    onehot = torch.zeros_like(probs).scatter_(-1, labels[:, None], 1.0)
+    return ((onehot - probs) * grad[:, None]).to(logits.dtype)
 
 
-def fused_label_log_probs() -> Callable:
-    """`_label_log_probs` compiled once per process; dynamic, as micro-batches vary in tokens."""
-    global _fused_label_log_probs
-    if _fused_label_log_probs is None:
-        _fused_label_log_probs = torch.compile(_label_log_probs, dynamic=True)
-    return _fused_label_log_probs
+_compiled: dict[str, Callable] = {}
+
+
+def _kernel(fn: Callable, cuda: bool) -> Callable:
+    """`fn` compiled once per process on CUDA (dynamic: micro-batches vary in tokens), eager elsewhere."""
+    if not cuda:
+        return fn
+    if fn.__name__ not in _compiled:
+        _compiled[fn.__name__] = torch.compile(fn, dynamic=True)
+    return _compiled[fn.__name__]
+
+
+class _LabelLogProbs(torch.autograd.Function):
+    """log p(label) in fp32 arithmetic over bf16 logits, with verl's memory behaviour: no fp32 copy of the
+    logits is kept, and backward writes the logits' gradient over the logits themselves (flash-attn's
+    cross_entropy_loss with inplace_backward=True, as verl's logprobs_from_logits calls it:
+    verl/utils/torch_functional.py), so training never holds a second logits-sized tensor. Chunks of rows
+    bound the fp32 temporaries."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, chunk_rows: int) -> torch.Tensor:
+        lse_fn = _kernel(_lse_and_label_logit, logits.is_cuda)
+        parts = [lse_fn(logits[s:s + chunk_rows], labels[s:s + chunk_rows])
+                 for s in range(0, logits.shape[0], chunk_rows)]
+        lse = torch.cat([p[0] for p in parts])
+        ctx.save_for_backward(logits, labels, lse)
+        ctx.chunk_rows = chunk_rows
+        return torch.cat([p[1] for p in parts]) - lse
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        logits, labels, lse = ctx.saved_tensors
+        grad_fn, rows = _kernel(_label_log_prob_grad, logits.is_cuda), ctx.chunk_rows
+        for s in range(0, logits.shape[0], rows):
+            logits[s:s + rows].copy_(grad_fn(logits[s:s + rows], labels[s:s + rows], lse[s:s + rows],
+                                             grad[s:s + rows]))
+        return logits, None, None
 
 
 def token_log_probs(logits: torch.Tensor, labels: torch.Tensor, chunk_tokens: int = LOGPROB_CHUNK_TOKENS) -> torch.Tensor:
-    """log p(label) for [N, V] logits in fp32 arithmetic: fused on CUDA (see module docstring), else
-    chunked, the fp32 log-sum-exp checkpointed per chunk when training."""
-    if logits.is_cuda:
-        return fused_label_log_probs()(logits, labels)
-    pieces = []
-    for start in range(0, logits.shape[0], chunk_tokens):
-        chunk, chunk_labels = logits[start:start + chunk_tokens], labels[start:start + chunk_tokens]
-        if torch.is_grad_enabled():
-            pieces.append(checkpoint(_label_log_probs, chunk, chunk_labels, use_reentrant=False))
-        else:
-            pieces.append(_label_log_probs(chunk, chunk_labels))
-    return torch.cat(pieces)
+    """log p(label) for [N, V] logits (see _LabelLogProbs): Inductor-fused kernels on CUDA, eager on the CPU."""
+    return _LabelLogProbs.apply(logits, labels, chunk_tokens if not logits.is_cuda else LOGPROB_CUDA_CHUNK_TOKENS)
 
 
 def chunked_entropy(logits: torch.Tensor, entropy_fn: Callable, chunk_tokens: int = LOGPROB_CHUNK_TOKENS) -> torch.Tensor:

@@ -117,21 +117,22 @@ def test_lora_probe_runs_on_the_gpu_with_small_optimizer_state(tmp_path):
 
 
 def test_fused_log_probs_match_eager_fp32_forward_and_backward():
-    """The compiled log-prob kernel equals the eager fp32 log-softmax, values and gradients."""
+    """The compiled log-prob kernels equal the eager fp32 log-softmax, values and gradients (the
+    gradient is written over the logits in place, as verl's flash-attn kernel)."""
     from autotune.objectives.torch_workload import token_log_probs
 
     torch.manual_seed(0)
     logits = (torch.randn(3001, MODEL.vocab_size, device="cuda") * 3).bfloat16().requires_grad_()
     labels = torch.randint(0, MODEL.vocab_size, (3001,), device="cuda")
     weights = torch.randn(3001, device="cuda")
-    fused = token_log_probs(logits, labels)
+    reference = logits.detach().clone().requires_grad_()
+    fused = token_log_probs(logits * 1, labels)  # a non-leaf, as the LM head's output: backward overwrites it
     (fused * weights).sum().backward()
-    grad_fused, logits.grad = logits.grad.clone(), None
-    eager = torch.log_softmax(logits.float(), -1).gather(-1, labels[:, None]).squeeze(-1)
+    eager = torch.log_softmax(reference.float(), -1).gather(-1, labels[:, None]).squeeze(-1)
     (eager * weights).sum().backward()
     assert fused.dtype == torch.float32
     assert torch.allclose(fused, eager, atol=1e-4)
-    assert torch.allclose(grad_fused.float(), logits.grad.float(), atol=1e-2)
+    assert torch.allclose(logits.grad.float(), reference.grad.float(), atol=1e-2)
 
 
 def test_liger_kernels_keep_the_log_probs_and_the_probe_runs(tmp_path):

@@ -138,6 +138,27 @@ def test_chunked_log_probs_equal_log_softmax():
     assert torch.allclose(token_log_probs(logits, labels, chunk_tokens=8), expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_log_prob_gradient_is_exact_and_written_over_the_logits(dtype):
+    """verl's in-place backward (flash-attn inplace_backward): the gradient equals log_softmax's, and it is
+    the logits' own storage, so training holds no second logits-sized tensor."""
+    torch.manual_seed(0)
+    base = (torch.randn(37, 50) * 3).to(dtype)
+    weights = torch.randn(37)
+    labels = torch.randint(0, 50, (37,))
+    leaf = base.clone().requires_grad_()
+    logits = leaf * 1  # the LM head's output: a non-leaf
+    storage = logits.data_ptr()
+    captured = {}
+    logits.register_hook(lambda g: captured.update(ptr=g.data_ptr()))
+    (token_log_probs(logits, labels, chunk_tokens=8) * weights).sum().backward()
+    reference = base.clone().float().requires_grad_()
+    (torch.log_softmax(reference, -1).gather(-1, labels[:, None]).squeeze(-1) * weights).sum().backward()
+    assert captured["ptr"] == storage
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert torch.allclose(leaf.grad.float(), reference.grad, atol=tol)
+
+
 def _tiny_policy(attention: str):
     lm = build_causal_lm(TINY_MODEL, dtype=torch.float32, device=torch.device("cpu"), max_len=64, attention=attention)
     return PolicyHead(lm.eval(), entropy_from_logits)
