@@ -19,7 +19,6 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -27,15 +26,12 @@ import torch
 from autotune.hardware import get_gpu, match_device_name
 from autotune.models import get_model
 from autotune.objectives import torch_workload as tw
-from autotune.objectives.flops import mfu, train_flops
+from autotune.objectives.flops import mfu
 from autotune.spaces.candidate import Candidate
 from autotune.workload import Workload
 
-WORKLOAD = Workload(train_batch_size=32, ppo_mini_batch_size=16, rollout_n=4, max_prompt_length=512,
-                    max_response_length=128)
-BEST_2026_12_02 = Candidate(actor_engine="fsdp2", rollout_tp=1, gpu_memory_utilization=0.3, use_torch_compile=False,
-                            gradient_checkpointing=False, ppo_micro_batch_size_per_gpu=64,
-                            log_prob_micro_batch_size_per_gpu=128, ref_log_prob_micro_batch_size_per_gpu=128)
+sys.path.insert(0, str(Path(__file__).parent))
+from torch_update_plans import update_plans  # noqa: E402
 
 
 def synthetic_trajectories(probe: tw.GrpoProbe) -> tw.Trajectories:
@@ -103,25 +99,7 @@ def main() -> int:
     from torch.nn.attention.varlen import varlen_attn
     import inspect
     print("varlen_attn", inspect.signature(varlen_attn), flush=True)
-    plans = [
-        ("best of 2026-12-02 (micro 64)", WORKLOAD, BEST_2026_12_02, True),
-        ("micro 16", WORKLOAD, BEST_2026_12_02.with_(ppo_micro_batch_size_per_gpu=16), False),
-        ("token budget 32k", WORKLOAD, BEST_2026_12_02.with_(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=32768,
-                                                            log_prob_max_token_len_per_gpu=65536), False),
-        ("micro 16, remove_padding off", WORKLOAD, BEST_2026_12_02.with_(use_remove_padding=False,
-                                                                         ppo_micro_batch_size_per_gpu=16), False),
-        ("mini-batch 32 prompts, micro 128", replace(WORKLOAD, train_batch_size=64, ppo_mini_batch_size=32),
-         BEST_2026_12_02.with_(ppo_micro_batch_size_per_gpu=128), False),
-        ("mini-batch 64 prompts, token budget 64k", replace(WORKLOAD, train_batch_size=64, ppo_mini_batch_size=64),
-         BEST_2026_12_02.with_(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=65536,
-                               log_prob_max_token_len_per_gpu=65536), False),
-        ("micro 64, gradient checkpointing", WORKLOAD, BEST_2026_12_02.with_(gradient_checkpointing=True), False),
-        ("micro 64, liger", WORKLOAD, BEST_2026_12_02.with_(use_liger=True), False),
-        ("mini-batch 32 prompts, micro 128, liger", replace(WORKLOAD, train_batch_size=64, ppo_mini_batch_size=32),
-         BEST_2026_12_02.with_(ppo_micro_batch_size_per_gpu=128, use_liger=True), False),
-        ("micro 64, gradient checkpointing, liger", WORKLOAD,
-         BEST_2026_12_02.with_(gradient_checkpointing=True, use_liger=True), False),
-    ]
+    plans = update_plans()
     if args.only:
         plans = [p for p in plans if any(part in p[0] for part in args.only.split(","))]
     results = []
@@ -134,6 +112,7 @@ def main() -> int:
             print(f"{name:45s} out of memory", flush=True)
             continue
         r["plan"] = name
+        r["workload"] = workload.__dict__
         results.append(r)
         print(f"{name:45s} tokens {r['tokens']:6d}  update {r['update_s']:.3f} s  MFU {r['mfu_update']:.3f}  "
               f"peak {r['peak_mem_gib']:.1f} GiB", flush=True)

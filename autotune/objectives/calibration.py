@@ -39,11 +39,15 @@ class ActivationConstants:
     verl_logits_forward_bytes: float = 2.0
     verl_entropy_bytes: float = 4.0  # softmax and its product with the logits, bf16, when not compiled
     verl_entropy_compiled_bytes: float = 0.5  # torch.compile fuses them (use_torch_compile, on by default)
-    # model.use_liger: Liger's SwiGLU saves only gate and up and recomputes SiLU(gate) in backward
-    # (liger_kernel/ops/swiglu.py), so the MLP keeps one MLP-wide bf16 tensor less: 2 bytes per MLP unit
-    # by the code; fitted 1.47 on the H200 A/B pair (Qwen2.5-1.5B, 22k tokens per micro-batch, no
-    # checkpointing: 109.5 -> 101.4 GiB; benchmarks/results/h200-2026-12-02-torch-session3/).
-    liger_saved_per_i: float = 1.47
+    # model.use_liger, from the code: Liger's SwiGLU keeps gate and up and recomputes SiLU(gate) in backward
+    # (liger_kernel/ops/swiglu.py): one MLP-wide bf16 tensor less, 2 bytes per MLP unit. Its RMSNorm keeps
+    # the bf16 input and one fp32 rstd per row (ops/rms_norm.py) where HF's Qwen2RMSNorm keeps an fp32
+    # upcast (4h) and the bf16 normalised tensor (2h): 4h bytes less per norm, two norms per layer.
+    # Measured on the H200 (Qwen2.5-1.5B, 22k tokens per micro-batch, no checkpointing): 92.9 -> 75.3 GiB,
+    # i.e. 28.4 kB per token per layer saved against 30.2 kB counted here (-6%);
+    # benchmarks/results/h200-2026-12-02-torch-session3/profile_after_inplace_logprobs.txt.
+    liger_saved_per_h: float = 8.0
+    liger_saved_per_i: float = 2.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,9 +62,9 @@ class ThroughputConstants:
     ckpt_throughput_factor: float  # full recompute (fitted on the ckpt rows)
     forward_mfu_factor: float  # forward-only MFU relative to training MFU at the same tokens (fitted)
     # model.use_liger: fused RMSNorm/SwiGLU/RoPE kernels replace HF's eager elementwise chains. Measured on the
-    # H200 (Qwen2.5-1.5B update, 44k tokens): MFU 0.446 -> 0.550 (x1.233) without checkpointing and
-    # 0.362 -> 0.461 (x1.274) with it; the geometric mean. Applied to forward-only passes too (assumed).
-    liger_throughput_factor: float = 1.253
+    # H200 (Qwen2.5-1.5B update, 44k tokens, micro 64): MFU 0.452 -> 0.560 (x1.239) without checkpointing and
+    # 0.367 -> 0.452 (x1.232) with it. Applied to forward-only passes too (assumed, not measured).
+    liger_throughput_factor: float = 1.235
 
 
 @dataclass(frozen=True, kw_only=True)

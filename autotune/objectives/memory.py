@@ -63,8 +63,9 @@ def mlp_width(model: ModelSpec) -> int:
 
 def activation_bytes_per_token_per_layer(model: ModelSpec, c: ActivationConstants = ACTIVATIONS, *,
                                          liger: bool = False) -> float:
+    per_h = c.per_h - (c.liger_saved_per_h if liger else 0.0)
     per_i = c.per_i - (c.liger_saved_per_i if liger else 0.0)
-    return c.per_h * model.hidden_size + per_i * mlp_width(model)
+    return per_h * model.hidden_size + per_i * mlp_width(model)
 
 
 def train_activation_bytes(model: ModelSpec, tokens: float, *, layers: float, checkpointing: bool,

@@ -80,16 +80,17 @@ def test_checkpointing_lowers_update_peak(base):
     assert with_ckpt.components_gib["activations"] < without.components_gib["activations"]
 
 
-def test_liger_saves_the_silu_output_of_every_layer():
-    """use_liger: Liger's SwiGLU keeps gate and up only; the saving is liger_saved_per_i bytes per MLP unit
-    per token per layer, so it scales with the layers kept (all without checkpointing, one with it)."""
+def test_liger_saves_the_silu_output_and_the_norm_upcasts_of_every_layer():
+    """use_liger: Liger's SwiGLU keeps gate and up only and its RMSNorm no fp32 copy; the saving is
+    liger_saved_per_h x hidden + liger_saved_per_i x MLP width bytes per token per layer, for every layer kept."""
     from autotune.objectives.calibration import ACTIVATIONS
     from autotune.objectives.memory import tokens_per_micro_batch
 
     base = DEFAULT_7B.with_(gradient_checkpointing=False, ppo_micro_batch_size_per_gpu=8)
     saved_gib = mem(base).components_gib["activations"] - mem(base.with_(use_liger=True)).components_gib["activations"]
     tok = tokens_per_micro_batch(base, WL, forward_only=False)
-    expected_gib = ACTIVATIONS.liger_saved_per_i * Q7B.intermediate_size * tok * Q7B.num_layers / 2**30
+    per_token_layer = ACTIVATIONS.liger_saved_per_h * Q7B.hidden_size + ACTIVATIONS.liger_saved_per_i * Q7B.intermediate_size
+    expected_gib = per_token_layer * tok * Q7B.num_layers / 2**30
     assert saved_gib == pytest.approx(expected_gib, rel=1e-9)
     assert mem(base.with_(use_liger=True)).phase_peak_gib["update_actor"] < mem(base).phase_peak_gib["update_actor"]
 

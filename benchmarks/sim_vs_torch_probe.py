@@ -1,0 +1,119 @@
+"""The sim model's predictions next to the torch probe's H200 measurements it was not fitted on.
+
+    python benchmarks/sim_vs_torch_probe.py > benchmarks/results/sim_vs_torch_probe.txt
+
+Reads committed results only (no GPU, no torch):
+- update-phase plans of benchmarks/profile_torch_update.py: the update's peak memory and verl's update MFU;
+- study trials of benchmarks/torch_h200_study.py: the whole probe's peak (every phase), for launched trials;
+- every measured OOM: was it predicted?
+
+The sim's constants were fitted on ../shared/calibration (benchmarks/fit_calibration.py); of the constants
+these rows touch, only liger_throughput_factor was set from them (the MFU of the two liger rows), so every
+memory row and the MFU of the rows without liger are held out.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from autotune.hardware import get_gpu
+from autotune.models import get_model
+from autotune.objectives.cost import estimate_step_time
+from autotune.objectives.memory import estimate_memory
+from autotune.spaces.candidate import Candidate
+from autotune.spaces.layout import ParallelLayout
+from autotune.workload import Workload
+
+sys.path.insert(0, str(Path(__file__).parent))
+from torch_update_plans import update_plans  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+PROFILE = RESULTS / "h200-2026-12-02-torch-session3" / "profile_torch_update_qwen2.5-1.5b_after_inplace.json"
+# (trials file, model, workload the study ran, note)
+STUDIES = [
+    (RESULTS / "h200-2026-12-02-torch-session3" / "study_1.5b_before_inplace_logprobs.trials.jsonl", "qwen2.5-1.5b",
+     Workload(train_batch_size=64, ppo_mini_batch_size=32, rollout_n=4, max_prompt_length=512, max_response_length=128),
+     "old log-prob backward (a second logits-sized tensor in the update)"),
+    (RESULTS / "h200-2026-12-02-torch-session3" / "study_7b_before_inplace_logprobs.trials.jsonl", "qwen2.5-7b",
+     Workload(train_batch_size=32, ppo_mini_batch_size=16, rollout_n=4, max_prompt_length=512, max_response_length=128),
+     "old log-prob backward"),
+    (RESULTS / "h200-2026-12-02-torch-session2" / "study_1.5b_part2.trials.jsonl", "qwen2.5-1.5b",
+     Workload(train_batch_size=64, ppo_mini_batch_size=32, rollout_n=4, max_prompt_length=512, max_response_length=128),
+     "old log-prob backward; rollout weights held through training (no vLLM sleep yet)"),
+    (RESULTS / "h200-2026-12-02-torch-session2" / "study_7b.trials.jsonl", "qwen2.5-7b",
+     Workload(train_batch_size=32, ppo_mini_batch_size=16, rollout_n=4, max_prompt_length=512, max_response_length=128),
+     "old log-prob backward; rollout weights held through training (no vLLM sleep yet)"),
+]
+H200 = get_gpu("H200")
+
+
+def predict(model_name: str, workload: Workload, candidate: Candidate):
+    model = get_model(model_name)
+    layout = ParallelLayout.of(candidate, workload, gpus_per_node=1, nodes=1)
+    return (estimate_memory(model, H200, workload, candidate, layout),
+            estimate_step_time(model, H200, workload, candidate, layout))
+
+
+def update_rows() -> tuple[list[float], list[float]]:
+    doc = json.loads(PROFILE.read_text())
+    plans = {name: (workload, cand) for name, workload, cand, _ in update_plans()}
+    print(f"update phase: {doc['model']} on {doc['device']}, torch {doc['torch']}, {doc['date']} ({PROFILE.name})")
+    print("  the profile keeps the rollout model's bf16 copy on the GPU (no generation ran, so no vLLM sleep):")
+    print("  the measured peak includes it, the sim's does not (2.9 GiB for this model)")
+    mem_err, mfu_err = [], []
+    for r in doc["results"]:
+        workload, cand = plans[r["plan"]]
+        mem, step = predict(doc["model"], workload, cand)
+        peak = mem.phase_peak_gib["update_actor"]
+        e_mem, e_mfu = peak / r["peak_mem_gib"] - 1, step.mfu_actor / r["mfu_update"] - 1
+        mem_err.append(e_mem)
+        held_out = not cand.use_liger
+        if held_out:
+            mfu_err.append(e_mfu)
+        print(f"  {r['plan']:42s} peak {r['peak_mem_gib']:6.1f} GiB sim {peak:6.1f} ({e_mem:+6.1%})   "
+              f"MFU {r['mfu_update']:.3f} sim {step.mfu_actor:.3f} ({e_mfu:+6.1%}){'' if held_out else ' fitted'}")
+    return mem_err, mfu_err
+
+
+def study_rows() -> tuple[list[float], list[tuple]]:
+    errors, ooms = [], []
+    for path, model_name, workload, note in STUDIES:
+        print(f"\nstudy trials: {path.parent.name}/{path.name} ({model_name}; {note})")
+        for line in path.read_text().splitlines():
+            t = json.loads(line)
+            if not t.get("launched"):
+                continue
+            mem, _ = predict(model_name, workload, Candidate.from_params(t["candidate"]))
+            if t["state"] == "measured":
+                phases = t.get("phase_peak_mem_gib") or {}
+                where = max(phases, key=phases.get) if phases else "?"
+                err = mem.peak_gib / t["peak_mem_gib"] - 1
+                errors.append(err)
+                print(f"  trial {t['number']:2d} measured peak {t['peak_mem_gib']:6.1f} GiB (in {where}) "
+                      f"sim {mem.peak_gib:6.1f} (in {mem.worst_phase}, {err:+6.1%})")
+            elif t["state"] == "oom":
+                predicted_oom = not mem.fits
+                ooms.append((path.name, t["number"], predicted_oom))
+                print(f"  trial {t['number']:2d} OOM; sim {mem.peak_gib:6.1f} GiB in {mem.worst_phase}: "
+                      f"{'predicted OOM' if predicted_oom else 'predicted to fit (wrong)'}")
+    return errors, ooms
+
+
+def main() -> int:
+    mem_err, mfu_err = update_rows()
+    study_err, ooms = study_rows()
+    all_mem = mem_err + study_err
+    print(f"\nheld-out peak memory: median |error| {statistics.median(map(abs, all_mem)):.1%} over {len(all_mem)} "
+          f"rows (update phase {statistics.median(map(abs, mem_err)):.1%}, whole probe "
+          f"{statistics.median(map(abs, study_err)):.1%})")
+    print(f"held-out update MFU: median |error| {statistics.median(map(abs, mfu_err)):.1%} over {len(mfu_err)} rows")
+    print(f"measured OOMs predicted: {sum(p for *_, p in ooms)} of {len(ooms)} (all measured on the old log-prob "
+          f"backward, which held a second logits-sized tensor that the sim, modelling verl, does not)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
