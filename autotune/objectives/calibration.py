@@ -65,6 +65,12 @@ class ThroughputConstants:
     # H200 (Qwen2.5-1.5B update, 44k tokens, micro 64): MFU 0.452 -> 0.560 (x1.239) without checkpointing and
     # 0.367 -> 0.452 (x1.232) with it. Applied to forward-only passes too (assumed, not measured).
     liger_throughput_factor: float = 1.235
+    # Host time per decoder layer per pass (forward = 1, backward = 2, recompute = 1) that bounds a micro-batch
+    # from below: HF eager modules under FSDP issue their kernels from Python one layer at a time. Measured on
+    # the torch probe (FSDP2, one H200, Qwen2.5-1.5B, 28 layers), where the GPU work is far shorter:
+    # micro 4 with checkpointing 405 ms per training micro-batch (3.6 ms), micro 16 without 267 ms (3.2 ms),
+    # forward-only micro 8 68-80 ms (2.4-2.9 ms). FSDP engines only (Megatron's fused kernels: no data).
+    host_s_per_layer_pass: float = 0.003
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -90,6 +90,11 @@ def _pass_s(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate,
     compute_s = flops / (mfu * gpu.peak_bf16_flops)
 
     n_micro = max(seqs_per_rank * seq / max(tok_micro, 1.0), 1.0) * (1 if forward_only else workload.ppo_epochs)
+    if not cand.is_megatron:
+        # host-bound floor: below some size a micro-batch takes as long as the CPU needs to issue HF's eager
+        # modules and FSDP's hooks, layer by layer (forward; backward counts twice; recompute once more)
+        passes = 1 if forward_only else (4 if cand.gradient_checkpointing else 3)
+        compute_s = max(compute_s, n_micro * model.num_layers * passes * k.throughput.host_s_per_layer_pass)
     comm_s = _parallel_comm_s(model, gpu, cand, layout, n_micro=n_micro, tok_micro=tok_micro,
                               workload=workload, forward_only=forward_only, k=k)
     hidden = comm_s * k.system.comm_overlap
