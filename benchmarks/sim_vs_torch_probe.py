@@ -6,10 +6,12 @@ Reads committed results only (no GPU, no torch):
 - update-phase plans of benchmarks/profile_torch_update.py: the update's peak memory and verl's update MFU;
 - study trials of benchmarks/torch_h200_study.py: the whole probe's peak (every phase), for launched trials;
 - every measured OOM: was it predicted?
+- the training passes' times (old_log_prob, ref, update_actor) of the study trials.
 
-The sim's constants were fitted on ../shared/calibration (benchmarks/fit_calibration.py); of the constants
-these rows touch, only liger_throughput_factor was set from them (the MFU of the two liger rows), so every
-memory row and the MFU of the rows without liger are held out.
+The sim's constants were fitted on ../shared/calibration (benchmarks/fit_calibration.py). Of the constants
+these rows touch, liger_throughput_factor was set from the MFU of the liger rows and host_s_per_layer_pass
+from the small-micro-batch phase times of the 1.5B default (both marked "fitted"); every memory row and
+the MFU of the rows without liger are held out.
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ def study_rows() -> tuple[list[float], list[tuple]]:
             t = json.loads(line)
             if not t.get("launched"):
                 continue
-            mem, _ = predict(model_name, workload, Candidate.from_params(t["candidate"]))
+            cand = Candidate.from_params(t["candidate"])
+            mem, step = predict(model_name, workload, cand)
             if t["state"] == "measured":
                 phases = t.get("phase_peak_mem_gib") or {}
                 where = max(phases, key=phases.get) if phases else "?"
@@ -94,6 +97,10 @@ def study_rows() -> tuple[list[float], list[tuple]]:
                 errors.append(err)
                 print(f"  trial {t['number']:2d} measured peak {t['peak_mem_gib']:6.1f} GiB (in {where}) "
                       f"sim {mem.peak_gib:6.1f} (in {mem.worst_phase}, {err:+6.1%})")
+                tag = " fitted" if cand.ppo_micro_batch_size_per_gpu <= 8 and not cand.use_dynamic_bsz else ""
+                print("           seconds " + "  ".join(
+                    f"{ph} {t['phase_s'][ph]:.2f} sim {step.phase_s[ph]:.2f} ({step.phase_s[ph] / t['phase_s'][ph] - 1:+.0%})"
+                    for ph in ("old_log_prob", "ref", "update_actor") if ph in t["phase_s"]) + tag)
             elif t["state"] == "oom":
                 predicted_oom = not mem.fits
                 ooms.append((path.name, t["number"], predicted_oom))
