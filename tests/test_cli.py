@@ -140,3 +140,20 @@ def test_export_of_a_study_with_no_feasible_trial_is_refused(tmp_path):
     open_study(cfg)
     proc = _run("export", "--out", str(out))
     assert proc.returncode == 2 and "no finished feasible trial" in proc.stderr
+
+
+def test_run_says_which_knobs_the_backend_holds_off(tmp_path, monkeypatch, capsys):
+    """A real backend without liger-kernel holds use_liger at False: the user is told, the export agrees."""
+    from autotune.objectives import base
+    from autotune.objectives.sim import SimRunner
+
+    class SimWithoutLiger(SimRunner):  # test double: the sim standing in for a backend lacking a package
+        def held_off(self):
+            return {"use_liger": False}
+
+    monkeypatch.setattr(base, "get_runner", lambda name: SimWithoutLiger())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    out = tmp_path / "out"
+    assert main(["run", "--model", "qwen2.5-1.5b", "--gpus", "1", "--trials", "6", "--out", str(out), "--quiet"]) == 0
+    assert "held off, their package is not installed here: use_liger=False" in capsys.readouterr().out
+    assert "use_liger: false" in (out / "best.yaml").read_text()
