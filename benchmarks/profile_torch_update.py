@@ -48,6 +48,9 @@ def measure(model_name: str, workload: Workload, candidate: Candidate, peak_flop
                              seed=0, scale_trajectories=None, device_mem_gib=None, test_raise_oom_in=None)
     dist = tw.init_dist("cuda")
     probe = tw.GrpoProbe(req, dist, tw.PhaseClock(dist.device))
+    # vLLM sleeps through training (free_cache_engine), as the probe's step does after generation; results
+    # before 2026-12-02's third session kept this bf16 copy on the GPU during the update
+    probe.rollout.to("cpu")
     traj = synthetic_trajectories(probe)
     rewards = torch.randint(0, 2, (len(traj.tokens),), device=probe.device)
     advantages = tw.grpo_advantages(rewards, workload.rollout_n)

@@ -63,8 +63,8 @@ def update_rows() -> tuple[list[float], list[float]]:
     doc = json.loads(PROFILE.read_text())
     plans = {name: (workload, cand) for name, workload, cand, _ in update_plans()}
     print(f"update phase: {doc['model']} on {doc['device']}, torch {doc['torch']}, {doc['date']} ({PROFILE.name})")
-    print("  the profile keeps the rollout model's bf16 copy on the GPU (no generation ran, so no vLLM sleep):")
-    print("  the measured peak includes it, the sim's does not (2.9 GiB for this model)")
+    print("  this profile kept the rollout model's bf16 copy on the GPU (the script now moves it off, as vLLM's")
+    print("  sleep): the measured peak includes it, the sim's does not (2.9 GiB for this model)")
     mem_err, mfu_err = [], []
     for r in doc["results"]:
         workload, cand = plans[r["plan"]]
