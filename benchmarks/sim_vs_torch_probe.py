@@ -34,20 +34,23 @@ from torch_update_plans import update_plans  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 PROFILE = RESULTS / "h200-2026-12-02-torch-session3" / "profile_torch_update_qwen2.5-1.5b_after_inplace.json"
+# the workloads benchmarks/torch_h200_study.py ran: --train-batch 64 --mini-batch 32, and 32 / 16 for 7B
+STUDY_64 = Workload(train_batch_size=64, ppo_mini_batch_size=32, rollout_n=4, max_prompt_length=512,
+                    max_response_length=128)
+STUDY_32 = Workload(train_batch_size=32, ppo_mini_batch_size=16, rollout_n=4, max_prompt_length=512,
+                    max_response_length=128)
+OLD_BACKWARD = "old log-prob backward (a second logits-sized tensor in the update)"
+NO_SLEEP = "; rollout weights held through training (no vLLM sleep yet)"
 # (trials file, model, workload the study ran, note)
 STUDIES = [
     (RESULTS / "h200-2026-12-02-torch-session3" / "study_1.5b_before_inplace_logprobs.trials.jsonl", "qwen2.5-1.5b",
-     Workload(train_batch_size=64, ppo_mini_batch_size=32, rollout_n=4, max_prompt_length=512, max_response_length=128),
-     "old log-prob backward (a second logits-sized tensor in the update)"),
+     STUDY_64, OLD_BACKWARD),
     (RESULTS / "h200-2026-12-02-torch-session3" / "study_7b_before_inplace_logprobs.trials.jsonl", "qwen2.5-7b",
-     Workload(train_batch_size=32, ppo_mini_batch_size=16, rollout_n=4, max_prompt_length=512, max_response_length=128),
-     "old log-prob backward"),
-    (RESULTS / "h200-2026-12-02-torch-session2" / "study_1.5b_part2.trials.jsonl", "qwen2.5-1.5b",
-     Workload(train_batch_size=64, ppo_mini_batch_size=32, rollout_n=4, max_prompt_length=512, max_response_length=128),
-     "old log-prob backward; rollout weights held through training (no vLLM sleep yet)"),
-    (RESULTS / "h200-2026-12-02-torch-session2" / "study_7b.trials.jsonl", "qwen2.5-7b",
-     Workload(train_batch_size=32, ppo_mini_batch_size=16, rollout_n=4, max_prompt_length=512, max_response_length=128),
-     "old log-prob backward; rollout weights held through training (no vLLM sleep yet)"),
+     STUDY_32, OLD_BACKWARD),
+    (RESULTS / "h200-2026-12-02-torch-session2" / "study_1.5b_part2.trials.jsonl", "qwen2.5-1.5b", STUDY_64,
+     OLD_BACKWARD + NO_SLEEP),
+    (RESULTS / "h200-2026-12-02-torch-session2" / "study_7b.trials.jsonl", "qwen2.5-7b", STUDY_32,
+     OLD_BACKWARD + NO_SLEEP),
 ]
 H200 = get_gpu("H200")
 

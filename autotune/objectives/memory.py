@@ -221,11 +221,17 @@ def vllm_profile_bytes(model: ModelSpec, cand: Candidate, k: ModelConstants = DE
     return activations + sampler
 
 
+def vllm_kv_budget_bytes(model: ModelSpec, cand: Candidate, total_mem_bytes: float,
+                         k: ModelConstants = DEFAULT_CONSTANTS) -> float:
+    """KV cache vLLM can allocate on a GPU of `total_mem_bytes`: its share minus weights and what its
+    profile run reserved. The torch probe sizes its KV pool with this too, from the device's own total."""
+    share = cand.gpu_memory_utilization * total_mem_bytes
+    return share - _vllm_weights_bytes(model, cand.rollout_tp) - vllm_profile_bytes(model, cand, k)
+
+
 def vllm_kv_cache_bytes(model: ModelSpec, gpu: GpuSpec, cand: Candidate,
                         k: ModelConstants = DEFAULT_CONSTANTS) -> float:
-    """KV cache vLLM can allocate: its share minus weights and what its profile run reserved."""
-    share = cand.gpu_memory_utilization * gpu.mem_gib * GIB
-    return share - _vllm_weights_bytes(model, cand.rollout_tp) - vllm_profile_bytes(model, cand, k)
+    return vllm_kv_budget_bytes(model, cand, gpu.mem_gib * GIB, k)
 
 
 def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate,

@@ -57,6 +57,8 @@ _PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding `au
 
 
 _SIGNALS = {s.value for s in signal.Signals}
+# Knobs whose kernels are Triton, CUDA only: a CPU probe (tests) cannot turn them on.
+CUDA_ONLY_KNOBS = ("use_liger",)
 
 
 def rank_result_path(out: str | Path, rank: int) -> str:
@@ -73,8 +75,9 @@ def unsupported_reason(candidate: Candidate, workload: Workload, device: str = "
     missing = knob_package_missing(candidate)
     if missing:
         return missing
-    if candidate.use_liger and device != "cuda":
-        return "use_liger runs Liger's Triton kernels, which need a CUDA GPU"
+    cuda_only = [knob for knob in CUDA_ONLY_KNOBS if getattr(candidate, knob)]
+    if cuda_only and device != "cuda":
+        return f"{cuda_only[0]} runs Triton kernels, which need a CUDA GPU"
     if workload.lora_rank and importlib.util.find_spec("peft") is None:
         return f"the torch backend measures LoRA (lora_rank={workload.lora_rank}) with peft, which is not installed"
     return None
@@ -136,9 +139,7 @@ class TorchRunner(ProbeRunner):
         return unsupported_reason(candidate, workload, self.device)
 
     def held_off(self) -> dict:
-        if self.device != "cuda":  # Liger's kernels are Triton, CUDA only
-            return {"use_liger": False}
-        return knobs_held_off()
+        return knobs_held_off() | ({knob: False for knob in CUDA_ONLY_KNOBS} if self.device != "cuda" else {})
 
     def probe(self, request: ProbeRequest, report: StepReporter) -> ProbeResult:
         reason = unsupported_reason(request.candidate, request.workload, self.device)

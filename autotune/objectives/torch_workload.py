@@ -63,7 +63,7 @@ import torch.nn.functional as F
 from autotune.hardware import GIB
 from autotune.models import ModelSpec, get_model
 from autotune.objectives.flops import mfu, train_flops
-from autotune.objectives.memory import kv_bytes_per_token, vllm_profile_bytes
+from autotune.objectives.memory import kv_bytes_per_token, vllm_kv_budget_bytes
 from autotune.objectives.torch_runner import (
     EXIT_ENVIRONMENT,
     EXIT_KV_CACHE_TOO_SMALL,
@@ -75,8 +75,6 @@ from autotune.objectives.torch_runner import (
 from autotune.spaces.candidate import Candidate
 from autotune.spaces.layout import ParallelLayout
 from autotune.workload import Workload
-
-BF16_BYTES = 2
 
 # verl actor defaults (verl 0.9.1 actor/actor.yaml, optim/fsdp.yaml): PPO clip 0.2, dual-clip c=3,
 # KL loss coefficient 0.001 (low_var_kl), grad clip 1.0, AdamW lr 1e-6 and weight decay 0.01.
@@ -244,21 +242,10 @@ class KvCacheTooSmall(Exception):
         self.over_gib = over_gib
 
 
-def rollout_weight_bytes(model: ModelSpec, rollout_tp: int = 1) -> float:
-    return model.param_count() * BF16_BYTES / max(1, rollout_tp)
-
-
-def activation_reserve_bytes(model: ModelSpec, candidate: Candidate) -> float:
-    """vLLM's profile run, subtracted before sizing the KV cache (v1 gpu_worker.determine_available_memory):
-    activations of one max_num_batched_tokens forward plus fp32 sampler logits of max_num_seqs rows.
-    The sim backend's own function (objectives/memory.py vllm_profile_bytes), so both agree."""
-    return vllm_profile_bytes(model, candidate)
-
-
 def kv_cache_budget_bytes(total_mem_bytes: float, model: ModelSpec, candidate: Candidate) -> float:
-    """gpu_memory_utilization x total memory, less weights and activations, on one GPU of a replica."""
-    requested = candidate.gpu_memory_utilization * total_mem_bytes
-    return requested - rollout_weight_bytes(model, candidate.rollout_tp) - activation_reserve_bytes(model, candidate)
+    """gpu_memory_utilization x total memory, less the weights and vLLM's profile run (v1
+    gpu_worker.determine_available_memory), on one GPU of a replica: the sim backend's own function."""
+    return vllm_kv_budget_bytes(model, candidate, total_mem_bytes)
 
 
 def check_kv_cache(budget_bytes: float, model: ModelSpec, candidate: Candidate, max_model_len: int) -> None:
