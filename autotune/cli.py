@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from autotune import __version__
-from autotune.argtypes import positive_int, whole_int, writable_folder
+from autotune.argtypes import positive_float, positive_int, whole_int, writable_folder
 from autotune.errors import AutotuneError, ConfigError
 
 EPILOG = """examples:
@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=whole_int, default=None, help="sampler seed")
     run.add_argument("--config", type=Path, help="tune.yaml: workload, pinned knobs, narrowed ranges")
     run.add_argument("--gpu", help="GPU type when none is detected (default H200; see hardware table)")
+    run.add_argument("--host-mem-gib", type=positive_float,
+                     help="RAM per node for offloaded states (default: this machine's when probes run here; "
+                          "unchecked for sim and Ray unless given)")
     run.add_argument("--executor", choices=("local", "ray"), default="local",
                      help="local: one probe at a time here; ray: probes as Ray tasks, several in flight")
     run.add_argument("--ray-address", help="Ray cluster to join with --executor ray (default: start a local one)")
@@ -132,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 def build_tune_config(args):
     """Validate everything the user gave, without touching storage."""
     from autotune.config import TuneConfig, TuneYaml, check_study_name, default_study_name, load_tune_yaml
-    from autotune.hardware import DEFAULT_GPU, detect_gpus, get_gpu, match_device_name
+    from autotune.hardware import DEFAULT_GPU, detect_gpus, detect_host_mem_gib, get_gpu, match_device_name
     from autotune.models import get_model
     from autotune.objectives.select import choose_backend
     from autotune.search.driver import build_space
@@ -177,12 +180,15 @@ def build_tune_config(args):
     storage_url = check_storage_url(args.storage or default_storage_url(out_dir))
     study = check_study_name(args.study or default_study_name(model, args.gpus, args.nodes, choice.name))
     tune_workload = tuple(dict.fromkeys(tune.tune_workload + tuple(args.tune_workload)))
+    host_mem_gib = getattr(args, "host_mem_gib", None)
+    if host_mem_gib is None and choice.name != "sim" and getattr(args, "executor", "local") == "local":
+        host_mem_gib = detect_host_mem_gib()  # probes run on this machine
     cfg = TuneConfig(model=model, gpu=gpu, gpus_per_node=args.gpus, nodes=args.nodes, backend=choice.name,
                      trials=args.trials, storage_url=storage_url, study_name=study, out_dir=out_dir, seed=args.seed,
                      workload=job.workload if job else tune.workload, fixed=tune.fixed, ranges=tune.ranges,
                      tune_workload=tune_workload, probe=tune.probe, search=tune.search, budget=tune.budget,
                      baseline=job.baseline if job else None, passthrough=job.passthrough if job else {},
-                     source=str(args.from_job) if job else None)
+                     source=str(args.from_job) if job else None, host_mem_gib=host_mem_gib)
     if job is not None:
         print(f"read {args.from_job}: {model.name}, workload held fixed (train batch {job.workload.train_batch_size}, "
               f"mini {job.workload.ppo_mini_batch_size}, n {job.workload.rollout_n}, prompt "

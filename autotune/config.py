@@ -132,6 +132,8 @@ class TuneConfig:
     baseline: "Candidate | None" = None
     passthrough: dict = field(default_factory=dict)
     source: str | None = None
+    # RAM of one node where probes run (GiB): offloaded states must fit in it; None: not checked
+    host_mem_gib: float | None = None
 
     @property
     def world_size(self) -> int:

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from autotune.hardware import GpuSpec
 from autotune.models import ModelSpec
 from autotune.objectives.cost import estimate_step_time
+from autotune.objectives.host_memory import estimate_host_memory
 from autotune.objectives.memory import estimate_memory
 from autotune.spaces.candidate import Candidate
 from autotune.spaces.constraints import check
@@ -45,6 +46,8 @@ class Estimate:
     tokens_per_s_per_gpu: float
     mfu_actor: float
     largest_fitting: dict  # knob -> (current value, largest value of its valid set that fits)
+    host_node_gib: float = 0.0  # host RAM one node's workers need for what they offload
+    host_per_gpu_gib: dict | None = None
     simulated: bool = True
 
     def as_dict(self) -> dict:
@@ -84,11 +87,13 @@ def estimate(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate
             if ok:
                 fitting.append(value)
         largest[knob] = {"current": getattr(cand, knob), "largest_fitting": max(fitting) if fitting else None}
+    host = estimate_host_memory(model, workload, cand, layout, gpus_per_node=gpus_per_node, capacity_gib=None)
     return Estimate(model=model.name, gpu=gpu.name, gpus_per_node=gpus_per_node, nodes=nodes, violations=violations,
                     capacity_gib=mem.capacity_gib, phase_peak_gib=mem.phase_peak_gib, components_gib=mem.components_gib,
                     kv_cache_gib=mem.kv_cache_gib, kv_cache_needed_gib=mem.kv_cache_needed_gib, fits=mem.fits,
                     phase_s=step.phase_s, step_s=step.step_s, tokens_per_s_per_gpu=step.tokens_per_s_per_gpu,
-                    mfu_actor=step.mfu_actor, largest_fitting=largest)
+                    mfu_actor=step.mfu_actor, largest_fitting=largest, host_node_gib=host.node_gib,
+                    host_per_gpu_gib=host.per_gpu_gib)
 
 
 def render(e: Estimate, source: str, unresolved: tuple[str, ...]) -> str:
@@ -109,6 +114,8 @@ def render(e: Estimate, source: str, unresolved: tuple[str, ...]) -> str:
     lines.append("  components: " + ", ".join(f"{k} {v:.1f}" for k, v in e.components_gib.items()))
     kv_flag = "" if e.kv_cache_gib >= e.kv_cache_needed_gib else "  <-- too small: vLLM will not start"
     lines.append(f"  vLLM KV cache {e.kv_cache_gib:.1f} GiB (one max-length sequence needs {e.kv_cache_needed_gib:.2f}){kv_flag}")
+    lines.append(f"host memory per node {e.host_node_gib:.1f} GiB ({e.gpus_per_node} workers, each: "
+                 + ", ".join(f"{k} {v:.1f}" for k, v in (e.host_per_gpu_gib or {}).items() if v >= 0.05) + ")")
     lines.append(f"time per step {e.step_s:.1f} s: " + ", ".join(f"{k} {v:.1f}" for k, v in e.phase_s.items())
                  + f"; {e.tokens_per_s_per_gpu:.0f} tokens/s/GPU, actor MFU {e.mfu_actor:.3f}")
     lines.append("nearest fitting (largest value of each memory knob that fits, others as given):")

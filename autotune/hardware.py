@@ -8,7 +8,9 @@ autotune/data/h200-train-probe.json's provenance in docs/calibration.md).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from autotune.errors import ConfigError
 
@@ -120,3 +122,22 @@ def detect_gpus() -> DetectedGpus | None:
         return DetectedGpus(count=count, device_name=name, total_mem_gib=total, driver=driver)
     finally:
         pynvml.nvmlShutdown()
+
+
+def detect_host_mem_gib() -> float | None:
+    """RAM this machine's processes may use (GiB): physical memory, capped by a cgroup limit (containers,
+    Slurm jobs); None where neither can be read."""
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        physical = None
+    limits = []
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < 2**60:  # "max" or a huge sentinel mean no limit
+            limits.append(int(text))
+    candidates = [b for b in [physical, *limits] if b]
+    return min(candidates) / GIB if candidates else None

@@ -207,7 +207,7 @@ def worker_config(study, *, storage_url: str, trials: int, out_dir: Path, seed: 
     from dataclasses import replace
 
     from autotune.config import TuneConfig, load_tune_yaml
-    from autotune.hardware import get_gpu
+    from autotune.hardware import detect_host_mem_gib, get_gpu
     from autotune.models import get_model
     from autotune.search.driver import build_space
     from autotune.storage.results import identity_of, workload_of
@@ -238,7 +238,8 @@ def worker_config(study, *, storage_url: str, trials: int, out_dir: Path, seed: 
     cfg = TuneConfig(model=get_model(identity["model"]), gpu=get_gpu(identity["gpu"]),
                      gpus_per_node=identity["gpus_per_node"], nodes=identity["nodes"], backend=identity["backend"],
                      trials=trials, storage_url=storage_url, study_name=study.study_name, out_dir=out_dir, seed=seed,
-                     workload=workload, **settings)
+                     workload=workload, host_mem_gib=None if identity["backend"] == "sim" else detect_host_mem_gib(),
+                     **settings)  # a worker probes on its own machine: its own RAM bounds the offload
     build_space(cfg)  # the same validation `run` does for fixed/ranges/tune_workload
     return cfg
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from autotune.config import Budget, ProbeBudget, SearchOptions, TuneConfig
-from autotune.hardware import detect_gpus, get_gpu, match_device_name
+from autotune.hardware import detect_gpus, detect_host_mem_gib, get_gpu, match_device_name
 from autotune.models import get_model
 from autotune.objectives.torch_runner import TorchRunner
 from autotune.search.driver import run_study
@@ -81,7 +81,8 @@ def main() -> int:
                      storage_url=f"sqlite:///{(args.out / f'torch_study_{args.model}.db').resolve()}",
                      study_name=f"{args.model}-torch", out_dir=args.out, seed=0, workload=workload, fixed={},
                      ranges={}, tune_workload=(), probe=ProbeBudget(warmup_steps=1, timed_steps=2),
-                     search=SearchOptions(warm_start=2), budget=Budget(wall_time_s=args.wall_s))
+                     search=SearchOptions(warm_start=2), budget=Budget(wall_time_s=args.wall_s),
+                     host_mem_gib=detect_host_mem_gib())
     started = time.time()
     trials_log = args.out / f"torch_study_{args.model}.trials.jsonl"
 
@@ -116,7 +117,7 @@ def main() -> int:
     doc = {
         "device": gpus.device_name, "driver": gpus.driver, "torch": torch.__version__,
         "transformers": transformers.__version__, "python": platform.python_version(),
-        "date": time.strftime("%Y-%m-%d"), "model": args.model, "workload": workload.__dict__,
+        "date": time.strftime("%Y-%m-%d"), "host_mem_gib": cfg.host_mem_gib, "model": args.model, "workload": workload.__dict__,
         "wall_s": round(time.time() - started, 1),
         "trials": [{"number": r.number, "state": r.state, "reason": r.reason[:200],
                     "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu, "mfu_update": r.mfu, "peak_mem_gib": r.peak_mem_gib,

@@ -95,6 +95,8 @@ ARGS = {
     "url_missing_folder": ["run", "--model", "qwen2.5-1.5b", "--gpus", "8", "--storage", "sqlite:////nope/a.db"],
     "bad_study_name": ["run", "--model", "qwen2.5-1.5b", "--gpus", "8", "--study", "../etc"],
     "trials_zero": ["run", "--model", "qwen2.5-1.5b", "--gpus", "8", "--trials", "0"],
+    "host_mem_zero": ["run", "--model", "qwen2.5-1.5b", "--gpus", "8", "--host-mem-gib", "0"],
+    "host_mem_not_a_number": ["run", "--model", "qwen2.5-1.5b", "--gpus", "8", "--host-mem-gib", "lots"],
     "missing_config_file": ["run", "--model", "qwen2.5-1.5b", "--gpus", "8", "--config", "/nope/tune.yaml"],
     "unknown_command": ["tune"],
     "unknown_flag": ["run", "--model", "qwen2.5-1.5b", "--gpus", "8", "--fast"],

@@ -105,6 +105,7 @@ class SystemConstants:
     step_fixed_s: float = 2.0  # reward, advantage, data loading, Ray dispatch per step
     weight_sync_fixed_s: float = 0.5  # update_weights per-call latency (bucketing, IPC handles)
     host_link_efficiency: float = 0.8  # pinned-memory H2D/D2H of offloaded states
+    host_process_gib: float = 4.0  # a worker's own host memory (CUDA context, libraries, batches)
     # FSDP2 vs FSDP1 in verl's docs (docs/perf/perf_tuning.rst, citing TorchTitan): -7% memory,
     # +1.5% throughput. Applied to the actor update only.
     fsdp2_memory_factor: float = 0.93

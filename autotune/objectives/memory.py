@@ -6,12 +6,16 @@ verl colocates the actor, the reference model and vLLM on every GPU (hybrid engi
   vLLM refuses to start when less than that share is free ("Free memory on device ... is less than
   desired GPU memory utilization"), and needs room for at least one max-length sequence of KV cache.
 - old_log_prob / ref: forward-only passes; vLLM sleeps (free_cache_engine=True, rollout.yaml:61).
-- update_actor: forward+backward per micro-batch, then the optimizer step.
+- update_actor: forward+backward per micro-batch, then the optimizer step. verl loads offloaded
+  parameters, gradients and optimizer state back for the whole phase (engine/base.py BaseEngineCtx:
+  train_mode moves the optimizer to the GPU on entry, back to the CPU on exit), so offload lowers the
+  other phases' peaks but not this one's.
 Constants come from objectives/calibration.py. Units: bytes inside, GiB at the interface.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from autotune.hardware import GIB, GpuSpec
@@ -172,15 +176,30 @@ def ref_weight_bytes(model: ModelSpec, cand: Candidate, layout: ParallelLayout) 
     return BF16 * (dense + expert_params / (cand.actor_ep * cand.actor_etp * cand.actor_pp))
 
 
-def tokens_per_micro_batch(cand: Candidate, workload: Workload, *, forward_only: bool, role: str = "actor") -> float:
-    """Tokens one GPU processes in one micro-batch (before TP/CP/SP splitting)."""
+def tokens_per_micro_batch(cand: Candidate, workload: Workload, *, forward_only: bool, role: str = "actor",
+                           layout: ParallelLayout | None = None) -> float:
+    """Tokens one GPU processes in one micro-batch (before TP/CP/SP splitting).
+
+    With use_dynamic_bsz and no `layout`, the budget (the mean fill is the cost model's business). With a
+    `layout`, the largest micro-batch, which sets the memory peak: verl splits a rank's batch into
+    ceil(tokens / budget) micro-batches balanced by workload (utils/seqlen_balancing.py
+    rearrange_micro_batches), so each holds about tokens / count, the largest less than one sequence
+    more, never over the budget."""
     seq = workload.mean_seq_len if cand.use_remove_padding else workload.seq_len
     if cand.use_dynamic_bsz:
         budget = cand.log_prob_max_token_len_per_gpu if forward_only else cand.ppo_max_token_len_per_gpu
         sp = cand.actor_cp if cand.is_megatron else cand.ulysses_sp
-        # verl packs whole sequences up to the budget (seqlen_balancing.py); a micro-batch holds at
-        # most budget*sp tokens across the SP group and never less than one sequence.
-        return max(budget * sp, workload.seq_len)
+        # a micro-batch holds at most budget*sp tokens across the SP group and never less than one sequence
+        bound = max(budget * sp, workload.seq_len)
+        if layout is None:
+            return bound
+        samples = layout.trajectories_per_rank if forward_only else layout.mini_batch_per_rank
+        total = samples * seq
+        if total <= 0:
+            return bound
+        count = math.ceil(total / bound)
+        imbalance = workload.seq_len if count > 1 else 0.0
+        return min(bound, max(total / count + imbalance, workload.seq_len))
     if not forward_only:
         micro = cand.ppo_micro_batch_size_per_gpu
     else:
@@ -257,7 +276,7 @@ def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Ca
 
     # forward-only passes: one layer's activations + logits of a micro-batch
     def forward_pass(role: str, weights: float) -> float:
-        tok = tokens_per_micro_batch(cand, workload, forward_only=True, role=role) / split
+        tok = tokens_per_micro_batch(cand, workload, forward_only=True, role=role, layout=layout) / split
         # no autograd: only one layer's transient tensors live at a time, as in vLLM's profile forward
         act = inference_bytes_per_token(model, k) * tok
         logits = forward_logits_bytes(model, tok, act_c, verl=True, compiled=cand.use_torch_compile) / vocab_split
@@ -267,8 +286,9 @@ def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Ca
     old_log_prob = forward_pass("actor", state.weights)
     ref = forward_pass("ref", state.weights * (not cand.param_offload) + ref_weights) if workload.use_kl_loss else 0.0
 
-    # actor update: start of backward (activations + logits transients) vs end (all grads) vs optimizer step
-    tok = tokens_per_micro_batch(cand, workload, forward_only=False) / split
+    # actor update: start of backward (activations + logits transients) vs end (all grads) vs optimizer step;
+    # the optimizer state is resident throughout, offloaded or not (train_mode loads it on entry)
+    tok = tokens_per_micro_batch(cand, workload, forward_only=False, layout=layout) / split
     in_flight = min(cand.actor_pp, max(layout.micro_batches_per_mini, 1)) if cand.is_megatron else 1
     vpp_extra = 1 + (cand.actor_pp - 1) / (cand.actor_pp * cand.actor_vpp) if cand.is_megatron and cand.actor_pp > 1 else 1
     act = train_activation_bytes(model, tok, layers=layers_on_rank, checkpointing=cand.gradient_checkpointing,
@@ -288,11 +308,11 @@ def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Ca
         # the logits (and their in-place gradient) are gone once the LM head's backward has run, before the
         # first layer is recomputed: the two peaks do not stack
         recompute = activation_bytes_per_token_per_layer(model, act_c, liger=cand.use_liger) * tok
-        bwd_start = static + accumulated + optim_resident + frag * (layer_inputs * in_flight * vpp_extra
+        bwd_start = static + accumulated + state.optimizer + frag * (layer_inputs * in_flight * vpp_extra
                                                                      + max(logits_start, recompute))
     else:
-        bwd_start = static + accumulated + optim_resident + frag * (act + logits_start)
-    bwd_end = static + optim_resident + state.grads + frag * (logits_end + layer_inputs)
+        bwd_start = static + accumulated + state.optimizer + frag * (act + logits_start)
+    bwd_end = static + state.optimizer + state.grads + frag * (logits_end + layer_inputs)
     opt_step = static + state.grads + state.optimizer
     update = max(bwd_start, bwd_end, opt_step)
     if cand.actor_engine == "fsdp2":

@@ -184,33 +184,44 @@ def static_micro_batches(indices: Sequence[int], micro_batch_size: int) -> list[
     return [list(indices[i:i + micro_batch_size]) for i in range(0, len(indices), micro_batch_size)]
 
 
-def pack_by_token_budget(lengths: dict[int, int], max_tokens: int, *, padded: bool = False) -> list[list[int]]:
-    """Greedy packing for use_dynamic_bsz: every sequence placed once, no micro-batch over budget.
+def seqlen_workload(length: int) -> int:
+    """verl's balancing weight of one sequence (utils/seqlen_balancing.py calculate_workload)."""
+    return 24576 * length + length * length
 
-    Packed (use_remove_padding) micro-batches count their real tokens, verl's bound
-    (utils/seqlen_balancing.py rearrange_micro_batches: sum of lengths <= max_token_len). Padded ones
-    count the tensor we build, count x longest. Sequences are taken shortest first and a micro-batch
-    is closed when the next one would break the bound, so the count is close to verl's
-    ceil(total / max_tokens).
+
+def pack_by_token_budget(lengths: dict[int, int], max_tokens: int, *, padded: bool = False) -> list[list[int]]:
+    """use_dynamic_bsz micro-batches as verl 0.9.1 forms them (utils/seqlen_balancing.py
+    rearrange_micro_batches): ceil(total / max_tokens) micro-batches, sequences balanced across them by
+    workload, one more micro-batch until none is over the bound. So with 1.4 budgets of tokens, two
+    micro-batches of 0.7 budgets each run, not one full and one small.
+
+    verl balances with Karmarkar-Karp; this takes the longest-processing-time greedy, which balances
+    as closely on GRPO's many similar lengths. Packed (use_remove_padding) micro-batches are bounded by
+    their real tokens, verl's bound; padded ones by the tensor we build, rows x longest.
     """
     too_long = max(lengths.values(), default=0)
     if too_long > max_tokens:
         # verl utils/seqlen_balancing.py:384-386
         raise ConfigRejected(f"max_token_len must be greater than the sequence length. "
-                         f"Got max_token_len={max_tokens} and max_seq_len={too_long}")
-    batches: list[list[int]] = []
-    current: list[int] = []
-    current_tokens = 0
-    for index in sorted(lengths, key=lambda i: (lengths[i], i)):
-        cost = (len(current) + 1) * lengths[index] if padded else current_tokens + lengths[index]
-        if current and cost > max_tokens:
-            batches.append(current)
-            current, current_tokens = [], 0
-        current.append(index)
-        current_tokens += lengths[index]
-    if current:
-        batches.append(current)
-    return batches
+                             f"Got max_token_len={max_tokens} and max_seq_len={too_long}")
+    if not lengths:
+        return []
+
+    def cost(batch: list[int]) -> int:
+        return len(batch) * max(lengths[i] for i in batch) if padded else sum(lengths[i] for i in batch)
+
+    order = sorted(lengths, key=lambda i: (-seqlen_workload(lengths[i]), i))
+    count = min(len(lengths), -(-sum(lengths.values()) // max_tokens))
+    while True:
+        bins: list[list[int]] = [[] for _ in range(count)]
+        loads = [0] * count
+        for index in order:
+            lightest = min(range(count), key=lambda b: (loads[b], b))
+            bins[lightest].append(index)
+            loads[lightest] += seqlen_workload(lengths[index])
+        if all(cost(b) <= max_tokens for b in bins):
+            return [sorted(b) for b in bins]
+        count += 1
 
 
 def micro_batches(indices: Sequence[int], lengths: dict[int, int], *, dynamic: bool, micro_batch_size: int,
@@ -662,12 +673,17 @@ def resident(module: torch.nn.Module, device: torch.device, *, offload: bool) ->
             module.to("cpu")
 
 
-def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device | str) -> None:
-    """verl's optimizer_offload: Adam moments live on the CPU between update phases."""
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device | str, *, pinned: bool = True) -> None:
+    """verl's optimizer_offload: Adam moments live on the CPU between update phases.
+
+    verl sends them with `.to("cpu", non_blocking=True)` (offload_fsdp_optimizer), which lands in pinned
+    blocks rounded up to a power of two, one per tensor: FSDP2's per-parameter shards. FSDP1, which this
+    probe runs as FSDP2, has one flat parameter per layer and rounds far less (objectives/host_memory.py);
+    `pinned=False` copies to exact-size pageable memory instead, nearer FSDP1's host footprint."""
     for state in optimizer.state.values():
         for key, value in state.items():
             if isinstance(value, torch.Tensor) and value.dim() > 0:
-                state[key] = value.to(device, non_blocking=True)
+                state[key] = value.to(device, non_blocking=pinned)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -989,7 +1005,7 @@ class GrpoProbe:
                     self._train_mini_batch(traj, mini, lengths, old_lp, ref_lp, advantages)
                     flops += train_flops(self.req.model, [lengths[i] for i in mini])
             if self.cand.optimizer_offload:
-                move_optimizer_state(self.optimizer, "cpu")
+                move_optimizer_state(self.optimizer, "cpu", pinned=self.cand.actor_engine == "fsdp2")
         return flops
 
     def _train_mini_batch(self, traj: Trajectories, mini: list[int], lengths: dict[int, int],

@@ -23,6 +23,7 @@ from autotune.config import TuneConfig
 from autotune.errors import (ConfigError, ProbeEnvironmentError, ProbeError, ProbeOOM, ProbeRejected,
                              RunFolderError)
 from autotune.objectives.base import ProbePruned, ProbeRequest, ProbeResult, ProbeRunner
+from autotune.objectives.host_memory import HOST_HEADROOM, estimate_host_memory
 from autotune.objectives.memory import estimate_memory
 from autotune.search.prescreen import MemoryGate, inferred_oom, known_fit, memory_ratio
 from autotune.search.sampler import make_pruner, make_sampler
@@ -347,6 +348,14 @@ def prepare_trial(ctx: StudyContext, study: optuna.Study,
                            + f" (gate: ratio {ratio:.2f} > {1 + gate.margin:.2f})")
             return None
         trial.set_user_attr("known_fit_from", fit.number)
+    host = estimate_host_memory(cfg.model, workload, candidate, layout, gpus_per_node=cfg.gpus_per_node,
+                                capacity_gib=cfg.host_mem_gib)
+    trial.set_user_attr("predicted_host_gib", host.node_gib)
+    if cfg.search.prescreen and not host.fits:
+        _reject_memory(study, trial, host.over_gib,
+                       f"predicted host OOM before launch: {host.describe()} of {cfg.host_mem_gib:.1f} GiB "
+                       f"(plans for {HOST_HEADROOM:.0%})")
+        return None
     return launch_request(ctx, study, trial, candidate, workload), ratio
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from autotune.config import TuneConfig
 from autotune.objectives.calibration import DEFAULT_CONSTANTS, ModelConstants
 from autotune.objectives.cost import estimate_step_time
+from autotune.objectives.host_memory import estimate_host_memory
 from autotune.objectives.memory import estimate_memory
 from autotune.search.prescreen import MemoryGate, memory_ratio
 from autotune.spaces.candidate import Candidate
@@ -96,6 +97,9 @@ def predicted(cfg: TuneConfig, cand: Candidate, workload: Workload, gate: Memory
         return None
     mem = estimate_memory(cfg.model, cfg.gpu, workload, cand, layout, constants=constants)
     if not gate.admits(memory_ratio(mem)) or not mem.kv_cache_fits:
+        return None
+    if not estimate_host_memory(cfg.model, workload, cand, layout, gpus_per_node=cfg.gpus_per_node,
+                                capacity_gib=cfg.host_mem_gib, constants=constants).fits:
         return None
     step = estimate_step_time(cfg.model, cfg.gpu, workload, cand, layout, constants=constants)
     if not correction or not correction.factors:

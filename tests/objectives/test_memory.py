@@ -234,3 +234,27 @@ def test_megatron_moe_reference_is_split_by_expert_parallel():
     moe = get_model("qwen3-30b-a3b")
     refs = [mem(MEGATRON_7B.with_(actor_ep=ep), moe).components_gib["reference"] for ep in (1, 8)]
     assert refs[1] < refs[0] / 2, refs
+
+
+def test_optimizer_offload_lowers_the_rollout_but_not_the_update():
+    """verl loads offloaded Adam state for the whole update (engine/base.py train_mode); the 7B torch
+    study of 2026-12-02 OOMed at 138.8 GiB where the model, counting the state as offloaded, said 127.4."""
+    on, off = mem(DEFAULT_7B.with_(optimizer_offload=True)), mem(DEFAULT_7B)
+    assert on.phase_peak_gib["rollout"] < off.phase_peak_gib["rollout"]
+    assert on.phase_peak_gib["update_actor"] == pytest.approx(off.phase_peak_gib["update_actor"])
+
+
+def test_dynamic_micro_batches_are_balanced_as_verl_splits_a_mini_batch():
+    """1.4 budgets of tokens on a rank run as two micro-batches of 0.7 budgets (rearrange_micro_batches)."""
+    from autotune.objectives.memory import tokens_per_micro_batch
+
+    cand = DEFAULT_7B.with_(use_dynamic_bsz=True)
+    layout = ParallelLayout.of(cand, WL, gpus_per_node=8, nodes=1)
+    rank_tokens = layout.mini_batch_per_rank * WL.mean_seq_len
+    budget = int(rank_tokens / 1.4)
+    c = cand.with_(ppo_max_token_len_per_gpu=budget)
+    largest = tokens_per_micro_batch(c, WL, forward_only=False, layout=layout)
+    assert largest == pytest.approx(rank_tokens / 2 + WL.seq_len)
+    assert tokens_per_micro_batch(c, WL, forward_only=False) == budget  # without a layout: the budget
+    roomy = cand.with_(ppo_max_token_len_per_gpu=int(rank_tokens * 3))
+    assert tokens_per_micro_batch(roomy, WL, forward_only=False, layout=layout) == pytest.approx(rank_tokens)

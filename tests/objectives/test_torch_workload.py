@@ -87,6 +87,26 @@ def test_token_budget_packing_wastes_little_on_grpo_lengths(budget, padded):
     assert len(batches) <= 1.15 * ideal + 1
 
 
+def test_token_budget_packing_balances_like_verl():
+    """verl 0.9.1 rearrange_micro_batches: ceil(total / budget) micro-batches balanced by workload, so
+    1.4 budgets run as two near-halves, not one full micro-batch and a small one."""
+    lengths = {i: 700 for i in range(20)}  # 14000 tokens
+    batches = pack_by_token_budget(lengths, 10000)
+    assert sorted(sum(lengths[i] for i in b) for b in batches) == [7000, 7000]
+    rng = random.Random(7)
+    lengths = {i: rng.randint(200, 900) for i in range(64)}
+    batches = pack_by_token_budget(lengths, 8192)
+    sums = [sum(lengths[i] for i in b) for b in batches]
+    assert len(batches) == -(-sum(lengths.values()) // 8192) and max(sums) <= 8192
+    assert max(sums) - min(sums) <= 900  # within one sequence of each other
+
+
+def test_token_budget_packing_adds_a_micro_batch_when_the_balanced_split_breaks_the_bound():
+    lengths = {0: 600, 1: 600, 2: 600}  # ceil(1800 / 1000) = 2, but two sequences never fit in 1000
+    batches = pack_by_token_budget(lengths, 1000)
+    assert len(batches) == 3 and all(len(b) == 1 for b in batches)
+
+
 def test_token_budget_packing_rejects_a_sequence_longer_than_the_budget():
     with pytest.raises(ValueError, match="max_token_len must be greater than the sequence length"):
         pack_by_token_budget({0: 100, 1: 5000}, 4096)
@@ -98,11 +118,11 @@ def test_micro_batch_counts_static_and_dynamic():
     static = micro_batches(range(16), lengths, dynamic=False, micro_batch_size=4, max_tokens=0)
     dynamic = micro_batches(range(16), lengths, dynamic=True, micro_batch_size=0, max_tokens=3000)
     assert [len(b) for b in static] == [4, 4, 4, 4]
-    assert [len(b) for b in dynamic] == [3, 3, 3, 3, 3, 1]
+    assert sorted(len(b) for b in dynamic) == [2, 2, 3, 3, 3, 3]  # ceil(16000 / 3000) = 6, balanced
     uneven = {i: 100 * (i + 1) for i in range(4)}  # 100..400: packed counts real tokens, padded rows x longest
-    assert micro_batches(range(4), uneven, dynamic=True, micro_batch_size=0, max_tokens=600) == [[0, 1, 2], [3]]
+    assert micro_batches(range(4), uneven, dynamic=True, micro_batch_size=0, max_tokens=600) == [[0, 3], [1, 2]]
     assert micro_batches(range(4), uneven, dynamic=True, micro_batch_size=0, max_tokens=600,
-                         padded=True) == [[0, 1], [2], [3]]
+                         padded=True) == [[3], [2], [0, 1]]
 
 
 def test_a_rank_does_its_share_of_an_8_gpu_step_in_mini_batches_of_its_share():

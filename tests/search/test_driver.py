@@ -216,3 +216,17 @@ def test_phase_correction_learns_a_uniformly_slower_machine(tmp_path):
     study = run_study(cfg, SimRunner(constants=slow_decode))
     factors = PhaseCorrection.from_study(study, cfg).factors
     assert factors["gen"] > 1.1 and factors["update_actor"] == pytest.approx(1.0)  # gen also holds prefill, wake-up
+
+
+def test_a_candidate_whose_offload_overflows_the_hosts_ram_is_never_launched(tmp_path):
+    """--host-mem-gib (or this machine's RAM for local probes): offloaded states must fit in it."""
+    study = run_study(_cfg(tmp_path, trials=6, host_mem_gib=40.0, search=SearchOptions(warm_start=0)),
+                      get_runner("sim"))
+    host_rejected = [t for t in study.trials if "predicted host OOM" in t.user_attrs.get("reason", "")]
+    assert host_rejected, [t.user_attrs.get("reason") for t in study.trials]
+    for t in host_rejected:
+        assert t.user_attrs["state"] == "rejected" and not t.user_attrs.get("launched")
+        assert t.constraints["memory"] > 0 and t.user_attrs["predicted_host_gib"] > 0.9 * 40.0
+    roomy = run_study(_cfg(tmp_path / "b", trials=6, host_mem_gib=4096.0, storage_url=f"sqlite:///{tmp_path / 'b.db'}",
+                           search=SearchOptions(warm_start=0)), get_runner("sim"))
+    assert not any("host OOM" in t.user_attrs.get("reason", "") for t in roomy.trials)
