@@ -1,15 +1,16 @@
 """Host (CPU) memory of one verl node: what offload moves off the GPUs has to fit in the node's RAM.
 
 verl runs one worker process per GPU; each holds, at its worst moment, its process baseline plus every
-offloaded state. The states and where they go:
-- optimizer_offload: Adam moments, `.to("cpu", non_blocking=True)` per tensor (verl's
-  offload_fsdp_optimizer). A non-blocking copy to the CPU lands in pinned memory from PyTorch's
-  CachingHostAllocator, which rounds each block up to a power of two and keeps it cached: 7B moments
-  of 57 GiB take 104 GiB of pinned memory (the 7B study on a 125 GiB host was killed by the kernel).
-- param_offload: fp32 master weights (offload_fsdp_model_to_cpu), pageable.
-- ref_param_offload: the bf16 reference weights, pageable.
-- activation_offload: the saved activations of one micro-batch, pinned, one block per saved tensor.
-- vLLM's sleep (free_cache_engine, level 1): its bf16 weights wait on the CPU while the trainer runs.
+offloaded state. verl offloads with `.to("cpu", non_blocking=True)` (utils/fsdp_utils.py:
+offload_fsdp_optimizer, offload_fsdp2_model_to_cpu, FSDP1's flat_param_to), which "allocates pinned host
+storage" (verl's own comment there): blocks of PyTorch's CachingHostAllocator, each rounded up to a power
+of two and kept cached. So a state takes more host memory than its size:
+- optimizer_offload: the fp32 Adam moments. Qwen2.5-7B's 57 GiB take 108 GiB as FSDP2's per-parameter
+  shards, 72 GiB as FSDP1's one flat parameter per layer (the 7B study on a 125 GiB host was killed);
+- param_offload: the fp32 master weights, blocked the same way;
+- ref_param_offload: the bf16 reference weights, blocked the same way;
+- activation_offload: the saved activations of one micro-batch, one pinned block per saved tensor;
+- vLLM's sleep (free_cache_engine, level 1): its bf16 weights wait on the CPU, counted at their size.
 The Ray object store and the page cache are not counted; the gate keeps HOST_HEADROOM for them.
 """
 
@@ -21,8 +22,8 @@ from dataclasses import dataclass
 from autotune.hardware import GIB
 from autotune.models import ModelSpec
 from autotune.objectives.calibration import DEFAULT_CONSTANTS, ModelConstants
-from autotune.objectives.memory import (BF16, FP32, _vllm_weights_bytes, actor_state_bytes, ref_weight_bytes,
-                                        tokens_per_micro_batch, train_activation_bytes)
+from autotune.objectives.memory import (BF16, FP32, actor_state_bytes, ref_weight_bytes, tokens_per_micro_batch,
+                                        train_activation_bytes, vllm_weights_bytes)
 from autotune.spaces.candidate import Candidate
 from autotune.spaces.layout import ParallelLayout
 from autotune.workload import Workload
@@ -70,25 +71,32 @@ def _param_tensor_sizes(model: ModelSpec) -> list[tuple[int, int]]:
     return sizes
 
 
-def pinned_optimizer_bytes(model: ModelSpec, cand: Candidate, layout: ParallelLayout,
-                           workload: Workload | None = None) -> float:
-    """Adam's two fp32 moments once offloaded, per GPU, with the pinned allocator's rounding.
+def pinned_state_bytes(model: ModelSpec, cand: Candidate, layout: ParallelLayout, *, bytes_per_param: int,
+                       exact: float, unrounded: bool = False) -> float:
+    """One copy of per-parameter state (`bytes_per_param` each) offloaded per GPU, in pinned blocks.
 
     FSDP2 shards each parameter along dim 0 (one block per parameter shard); FSDP1 keeps one flat
-    parameter per wrapped decoder layer (one block per layer). LoRA moments and Megatron's distributed
-    optimizer buffers are counted unrounded."""
-    exact = actor_state_bytes(model, cand, layout, workload).optimizer
-    if cand.is_megatron or (workload is not None and workload.lora_rank):
+    parameter per wrapped decoder layer plus the root's (one block each). Never less than `exact`, the
+    state's own size; `unrounded` (LoRA adapters, Megatron's buffers) returns `exact`."""
+    if unrounded or cand.is_megatron:
         return exact
     shard = layout.world_size
+    b = bytes_per_param
     if cand.actor_engine == "fsdp2":
-        rounded = sum(count * pinned_block_bytes(FP32 * n / shard) for n, count in _param_tensor_sizes(model))
+        rounded = sum(count * pinned_block_bytes(b * n / shard) for n, count in _param_tensor_sizes(model))
     else:
         per_layer = model.attn_params_per_layer() + model.mlp_params_per_layer() + 2 * model.hidden_size
-        embeddings = model.embedding_params()
-        rounded = model.num_layers * pinned_block_bytes(FP32 * per_layer / shard) + pinned_block_bytes(
-            FP32 * embeddings / shard)
-    return 2 * max(rounded, exact / 2)
+        rounded = (model.num_layers * pinned_block_bytes(b * per_layer / shard)
+                   + pinned_block_bytes(b * model.embedding_params() / shard))
+    return max(rounded, exact)
+
+
+def pinned_optimizer_bytes(model: ModelSpec, cand: Candidate, layout: ParallelLayout,
+                           workload: Workload | None = None) -> float:
+    """Adam's two fp32 moments once offloaded, per GPU (LoRA moments counted unrounded)."""
+    exact = actor_state_bytes(model, cand, layout, workload).optimizer
+    lora = workload is not None and bool(workload.lora_rank)
+    return 2 * pinned_state_bytes(model, cand, layout, bytes_per_param=FP32, exact=exact / 2, unrounded=lora)
 
 
 def estimate_host_memory(model: ModelSpec, workload: Workload, cand: Candidate, layout: ParallelLayout, *,
@@ -98,10 +106,12 @@ def estimate_host_memory(model: ModelSpec, workload: Workload, cand: Candidate, 
     state = actor_state_bytes(model, cand, layout, workload)
     per_gpu = {"process": k.system.host_process_gib * GIB,
                "optimizer": pinned_optimizer_bytes(model, cand, layout, workload) if cand.optimizer_offload else 0.0,
-               "weights": state.weights if cand.param_offload else 0.0,
-               "reference": (ref_weight_bytes(model, cand, layout)
+               "weights": (pinned_state_bytes(model, cand, layout, bytes_per_param=FP32, exact=state.weights,
+                                              unrounded=bool(workload.lora_rank)) if cand.param_offload else 0.0),
+               "reference": (pinned_state_bytes(model, cand, layout, bytes_per_param=BF16,
+                                                exact=ref_weight_bytes(model, cand, layout))
                              if cand.ref_param_offload and workload.use_kl_loss and not workload.lora_rank else 0.0),
-               "vllm_sleep": _vllm_weights_bytes(model, cand.rollout_tp),
+               "vllm_sleep": vllm_weights_bytes(model, cand.rollout_tp),
                "activations": 0.0}
     if cand.activation_offload:
         tok = tokens_per_micro_batch(cand, workload, forward_only=False, layout=layout)

@@ -221,7 +221,7 @@ def _token_split(cand: Candidate) -> int:
     return cand.actor_tp * cand.actor_cp if cand.is_megatron else cand.ulysses_sp
 
 
-def _vllm_weights_bytes(model: ModelSpec, rollout_tp: int) -> float:
+def vllm_weights_bytes(model: ModelSpec, rollout_tp: int) -> float:
     return BF16 * model.param_count() / rollout_tp
 
 
@@ -245,7 +245,7 @@ def vllm_kv_budget_bytes(model: ModelSpec, cand: Candidate, total_mem_bytes: flo
     """KV cache vLLM can allocate on a GPU of `total_mem_bytes`: its share minus weights and what its
     profile run reserved. The torch probe sizes its KV pool with this too, from the device's own total."""
     share = cand.gpu_memory_utilization * total_mem_bytes
-    return share - _vllm_weights_bytes(model, cand.rollout_tp) - vllm_profile_bytes(model, cand, k)
+    return share - vllm_weights_bytes(model, cand.rollout_tp) - vllm_profile_bytes(model, cand, k)
 
 
 def vllm_kv_cache_bytes(model: ModelSpec, gpu: GpuSpec, cand: Candidate,
