@@ -2,6 +2,9 @@
 
     python benchmarks/torch_h200_study.py --model qwen2.5-1.5b --wall-s 420 --out results/
 
+The study lives in OUT/torch_study_<model>.db: run the same command with the same OUT to continue a study
+that a time limit cut (finished trials are kept; the warm start is not repeated).
+
 Runs the real driver (rules, memory gate, warm start from the sim model, TPE, pruning) with the torch
 backend on the GPU of this machine, for a small GSM8K-shaped GRPO workload that fits a few-minute budget
 on one GPU (by default 32 prompts x 4 samples, mini-batch 16 prompts, prompts up to 512 tokens,
@@ -36,7 +39,7 @@ def study_workload(args: argparse.Namespace) -> Workload:
                     max_prompt_length=512, max_response_length=128, lora_rank=args.lora_rank)
 
 
-def probe_default(cfg: TuneConfig, trial, out: Path) -> dict:
+def probe_default(cfg: TuneConfig, trial, out: Path, deadline_s: float) -> dict:
     """Probe verl's default outside the study (the gate predicted an OOM): a measured OOM or a measurement."""
     from autotune.errors import ProbeOOM
     from autotune.objectives.base import ProbeRequest
@@ -47,7 +50,8 @@ def probe_default(cfg: TuneConfig, trial, out: Path) -> dict:
                            warmup_steps=cfg.probe.warmup_steps, timed_steps=cfg.probe.timed_steps)
     predicted = trial.user_attrs.get("predicted_peak_gib")
     try:
-        result = TorchRunner(device="cuda", deadline_s=300, idle_timeout_s=240).probe(request, lambda step, tps: False)
+        result = TorchRunner(device="cuda", deadline_s=deadline_s, idle_timeout_s=deadline_s).probe(
+            request, lambda step, tps: False)
     except ProbeOOM as exc:
         return {"outcome": f"OOM in {exc.phase}", "peak_mem_gib": exc.peak_mem_gib, "predicted_peak_gib": predicted,
                 "message": str(exc)}
@@ -64,6 +68,9 @@ def main() -> int:
     parser.add_argument("--train-batch", type=int, default=32, help="prompts per step (x4 samples)")
     parser.add_argument("--mini-batch", type=int, default=16, help="prompts per PPO mini-batch")
     parser.add_argument("--lora-rank", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
+    parser.add_argument("--probe-deadline-s", type=float, default=300.0,
+                        help="a probe running longer is killed and recorded as failed (7B with offload: ~100 s a step)")
+    parser.add_argument("--timed-steps", type=int, default=2, help="timed steps per probe, after one warm-up step")
     parser.add_argument("--measure-default", action="store_true",
                         help="when the memory gate kept verl's default from launching, probe it anyway afterwards, "
                              "to check the predicted OOM against a real one")
@@ -80,7 +87,7 @@ def main() -> int:
     cfg = TuneConfig(model=get_model(args.model), gpu=gpu, gpus_per_node=1, nodes=1, backend="torch", trials=args.trials,
                      storage_url=f"sqlite:///{(args.out / f'torch_study_{args.model}.db').resolve()}",
                      study_name=f"{args.model}-torch", out_dir=args.out, seed=0, workload=workload, fixed={},
-                     ranges={}, tune_workload=(), probe=ProbeBudget(warmup_steps=1, timed_steps=2),
+                     ranges={}, tune_workload=(), probe=ProbeBudget(warmup_steps=1, timed_steps=args.timed_steps),
                      search=SearchOptions(warm_start=2), budget=Budget(wall_time_s=args.wall_s),
                      host_mem_gib=detect_host_mem_gib())
     started = time.time()
@@ -96,7 +103,8 @@ def main() -> int:
             f.write(json.dumps({"number": t.number, **a}, default=str) + "\n")
 
     try:
-        study = run_study(cfg, TorchRunner(device="cuda", deadline_s=300, idle_timeout_s=240), on_trial=on_trial)
+        runner = TorchRunner(device="cuda", deadline_s=args.probe_deadline_s, idle_timeout_s=args.probe_deadline_s)
+        study = run_study(cfg, runner, on_trial=on_trial)
     except KeyboardInterrupt:  # cut short (e.g. `timeout -s INT`): report what the storage holds
         print("interrupted: reporting the finished trials", flush=True)
         study = load_study(cfg.storage_url, cfg.study_name)
@@ -104,7 +112,7 @@ def main() -> int:
     base, best = baseline_record(study), (best_records(study, k=1) or [None])[0]
     default_probe = None
     if args.measure_default and base is not None and base.state != "measured":
-        default_probe = probe_default(cfg, study.trials[base.number], args.out)
+        default_probe = probe_default(cfg, study.trials[base.number], args.out, args.probe_deadline_s)
     mem_err, launched_ooms = [], []
     for t in study.trials:
         if t.user_attrs.get("launched") and t.user_attrs.get("state") == "oom":  # the gate let a real OOM through

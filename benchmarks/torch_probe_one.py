@@ -46,7 +46,8 @@ def main() -> int:
         r = TorchRunner(device="cuda", deadline_s=args.deadline_s, idle_timeout_s=args.deadline_s).probe(
             req, lambda step, tps: False)
         doc.update(outcome="measured", tokens_per_s_per_gpu=r.tokens_per_s_per_gpu, mfu_update=r.mfu,
-                   peak_mem_gib=r.peak_mem_gib, phase_s=r.phase_s)
+                   peak_mem_gib=r.peak_mem_gib, phase_s=r.phase_s,
+                   phase_peak_mem_gib=r.extra.get("phase_peak_mem_gib"))
     except ProbeOOM as exc:
         doc.update(outcome=f"OOM in {exc.phase}", peak_mem_gib=exc.peak_mem_gib, message=str(exc)[:300])
     except ProbeError as exc:

@@ -661,16 +661,19 @@ class PhaseClock:
 
 
 @contextmanager
-def resident(module: torch.nn.Module, device: torch.device, *, offload: bool) -> Iterator[None]:
+def resident(module: torch.nn.Module, device: torch.device, *, offload: bool, pinned: bool) -> Iterator[None]:
     """Parameters on the device for the duration, on the CPU otherwise (verl's param_offload:
-    load_fsdp_model_to_gpu / offload_fsdp_model_to_cpu around each actor or ref call)."""
+    load_fsdp_model_to_gpu / offload_fsdp_model_to_cpu around each actor or ref call). `pinned`: verl's
+    FSDP2 copies, `.to(..., non_blocking=True)`, which land in pinned host blocks and copy back
+    asynchronously on the same stream (utils/fsdp_utils.py offload_fsdp2_model_to_cpu); else pageable
+    copies of exact size (see move_optimizer_state)."""
     if offload:
-        module.to(device)
+        module.to(device, non_blocking=pinned)
     try:
         yield
     finally:
         if offload:
-            module.to("cpu")
+            module.to("cpu", non_blocking=pinned)
 
 
 def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device | str, *, pinned: bool = True) -> None:
@@ -822,6 +825,9 @@ class GrpoProbe:
         self.dist = dist
         self.device = dist.device
         self.cand = req.candidate
+        # verl's FSDP2 offloads to pinned blocks (non_blocking); the probe runs FSDP1 as FSDP2, and for it
+        # copies to pageable memory of exact size, nearer FSDP1's flat per-layer blocks
+        self.pinned_offload = self.cand.actor_engine == "fsdp2" and self.device.type == "cuda"
         self.work = req.workload
         self.rng = random.Random(req.seed + dist.rank)
         self.generator = torch.Generator(device=self.device).manual_seed(req.seed + dist.rank)
@@ -869,9 +875,9 @@ class GrpoProbe:
         self.optimizer = torch.optim.AdamW(trainable, lr=LR, weight_decay=WEIGHT_DECAY, fused=device.type == "cuda")
         self._copy_actor_to(self.rollout)  # the rollout starts from the actor, as vLLM's first sync
         if cand.param_offload:
-            self.actor.to("cpu")
+            self.actor.to("cpu", non_blocking=self.pinned_offload)
         if self.ref is not None and cand.ref_param_offload:
-            self.ref.to("cpu")
+            self.ref.to("cpu", non_blocking=self.pinned_offload)
 
     def _copy_actor_to(self, target) -> None:
         """fp32 -> bf16 cast copy of every weight; with LoRA, of the merged weights W + s*B@A."""
@@ -976,16 +982,17 @@ class GrpoProbe:
     def old_log_prob(self, traj: Trajectories) -> torch.Tensor:
         batches = self._log_prob_batches(traj, self.cand.log_prob_micro_batch_size_per_gpu)
         self.actor.eval()
-        with resident(self.actor, self.device, offload=self.cand.param_offload):
+        with resident(self.actor, self.device, offload=self.cand.param_offload, pinned=self.pinned_offload):
             return self._forward_log_probs(self.actor, traj, batches, with_entropy=True)
 
     def ref_log_prob(self, traj: Trajectories) -> torch.Tensor:
         batches = self._log_prob_batches(traj, self.cand.ref_log_prob_micro_batch_size_per_gpu)
         if self.ref is None:  # LoRA: the actor with its adapters disabled
             self.actor.eval()
-            with resident(self.actor, self.device, offload=self.cand.param_offload), self.actor.lm.disable_adapter():
+            with (resident(self.actor, self.device, offload=self.cand.param_offload, pinned=self.pinned_offload),
+                  self.actor.lm.disable_adapter()):
                 return self._forward_log_probs(self.actor, traj, batches, with_entropy=False)
-        with resident(self.ref, self.device, offload=self.cand.ref_param_offload):
+        with resident(self.ref, self.device, offload=self.cand.ref_param_offload, pinned=self.pinned_offload):
             return self._forward_log_probs(self.ref, traj, batches, with_entropy=False)
 
     def update_actor(self, traj: Trajectories, old_lp: torch.Tensor, ref_lp: torch.Tensor | None,
@@ -994,7 +1001,7 @@ class GrpoProbe:
         flops = 0.0
         lengths = traj.seq_lengths
         self.actor.train()
-        with resident(self.actor, self.device, offload=self.cand.param_offload):
+        with resident(self.actor, self.device, offload=self.cand.param_offload, pinned=self.pinned_offload):
             if self.cand.optimizer_offload:
                 move_optimizer_state(self.optimizer, self.device)
             for _epoch in range(self.work.ppo_epochs):
@@ -1005,7 +1012,7 @@ class GrpoProbe:
                     self._train_mini_batch(traj, mini, lengths, old_lp, ref_lp, advantages)
                     flops += train_flops(self.req.model, [lengths[i] for i in mini])
             if self.cand.optimizer_offload:
-                move_optimizer_state(self.optimizer, "cpu", pinned=self.cand.actor_engine == "fsdp2")
+                move_optimizer_state(self.optimizer, "cpu", pinned=self.pinned_offload)
         return flops
 
     def _train_mini_batch(self, traj: Trajectories, mini: list[int], lengths: dict[int, int],
@@ -1033,7 +1040,7 @@ class GrpoProbe:
         moves its weights to host memory and drops the KV cache), so the rollout weights are not on
         the GPU while the actor trains; they come back here, as verl's wake_up before the sync."""
         self.rollout.to(self.device)
-        with resident(self.actor, self.device, offload=self.cand.param_offload):
+        with resident(self.actor, self.device, offload=self.cand.param_offload, pinned=self.pinned_offload):
             self._copy_actor_to(self.rollout)
 
     # -- one step -------------------------------------------------------------------------------
