@@ -74,9 +74,9 @@ def _pass_s(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate,
         flops *= workload.ppo_epochs
         if workload.lora_rank:
             flops *= 4.0 / 6.0  # frozen base: backward computes input gradients only, no weight gradients
-    tok_micro = tokens_per_micro_batch(cand, workload, forward_only=forward_only, role=role)
-    if cand.use_dynamic_bsz:
-        tok_micro *= 0.92  # greedy packing fills ~92% of the budget (seqlen_balancing karmarkar-karp)
+    # mean micro-batch: dynamic batching splits each mini-batch into balanced micro-batches (memory.dynamic_split)
+    tok_micro = tokens_per_micro_batch(cand, workload, forward_only=forward_only, role=role, layout=layout,
+                                       largest=False)
     per_gpu_tokens = tok_micro / (cand.actor_tp * cand.actor_cp if cand.is_megatron else cand.ulysses_sp)
     mfu = train_mfu(per_gpu_tokens, _hidden_per_gpu(model, cand), k.throughput)
     if forward_only:

@@ -176,30 +176,46 @@ def ref_weight_bytes(model: ModelSpec, cand: Candidate, layout: ParallelLayout) 
     return BF16 * (dense + expert_params / (cand.actor_ep * cand.actor_etp * cand.actor_pp))
 
 
+@dataclass(frozen=True)
+class DynamicSplit:
+    """use_dynamic_bsz micro-batches on one rank: per mini-batch (update) or per batch (log-prob passes)."""
+
+    count: int
+    mean_tokens: float
+    largest_tokens: float  # sets the memory peak
+
+
+def dynamic_split(cand: Candidate, workload: Workload, layout: ParallelLayout, *, forward_only: bool) -> DynamicSplit:
+    """verl splits a rank's batch into ceil(tokens / budget) micro-batches balanced by workload
+    (utils/seqlen_balancing.py rearrange_micro_batches), so each holds about tokens / count, the largest
+    less than one sequence more, never over the budget: 1.4 budgets run as two micro-batches of 0.7."""
+    seq = workload.mean_seq_len if cand.use_remove_padding else workload.seq_len
+    budget = cand.log_prob_max_token_len_per_gpu if forward_only else cand.ppo_max_token_len_per_gpu
+    sp = cand.actor_cp if cand.is_megatron else cand.ulysses_sp
+    # a micro-batch holds at most budget*sp tokens across the SP group and never less than one sequence
+    bound = max(budget * sp, workload.seq_len)
+    total = (layout.trajectories_per_rank if forward_only else layout.mini_batch_per_rank) * seq
+    if total <= 0:
+        return DynamicSplit(count=1, mean_tokens=bound, largest_tokens=bound)
+    count = math.ceil(total / bound)
+    mean = total / count
+    largest = min(bound, max(mean + (workload.seq_len if count > 1 else 0.0), workload.seq_len))
+    return DynamicSplit(count=count, mean_tokens=mean, largest_tokens=largest)
+
+
 def tokens_per_micro_batch(cand: Candidate, workload: Workload, *, forward_only: bool, role: str = "actor",
-                           layout: ParallelLayout | None = None) -> float:
+                           layout: ParallelLayout | None = None, largest: bool = True) -> float:
     """Tokens one GPU processes in one micro-batch (before TP/CP/SP splitting).
 
-    With use_dynamic_bsz and no `layout`, the budget (the mean fill is the cost model's business). With a
-    `layout`, the largest micro-batch, which sets the memory peak: verl splits a rank's batch into
-    ceil(tokens / budget) micro-batches balanced by workload (utils/seqlen_balancing.py
-    rearrange_micro_batches), so each holds about tokens / count, the largest less than one sequence
-    more, never over the budget."""
+    Dynamic batching: the largest micro-batch (the memory peak) or, with `largest=False`, the mean (the
+    time); without a `layout`, the budget."""
     seq = workload.mean_seq_len if cand.use_remove_padding else workload.seq_len
     if cand.use_dynamic_bsz:
-        budget = cand.log_prob_max_token_len_per_gpu if forward_only else cand.ppo_max_token_len_per_gpu
-        sp = cand.actor_cp if cand.is_megatron else cand.ulysses_sp
-        # a micro-batch holds at most budget*sp tokens across the SP group and never less than one sequence
-        bound = max(budget * sp, workload.seq_len)
         if layout is None:
-            return bound
-        samples = layout.trajectories_per_rank if forward_only else layout.mini_batch_per_rank
-        total = samples * seq
-        if total <= 0:
-            return bound
-        count = math.ceil(total / bound)
-        imbalance = workload.seq_len if count > 1 else 0.0
-        return min(bound, max(total / count + imbalance, workload.seq_len))
+            budget = cand.log_prob_max_token_len_per_gpu if forward_only else cand.ppo_max_token_len_per_gpu
+            return max(budget * (cand.actor_cp if cand.is_megatron else cand.ulysses_sp), workload.seq_len)
+        split = dynamic_split(cand, workload, layout, forward_only=forward_only)
+        return split.largest_tokens if largest else split.mean_tokens
     if not forward_only:
         micro = cand.ppo_micro_batch_size_per_gpu
     else:
@@ -208,11 +224,9 @@ def tokens_per_micro_batch(cand: Candidate, workload: Workload, *, forward_only:
 
 
 def accumulates_gradients(cand: Candidate, workload: Workload, layout: ParallelLayout) -> bool:
-    """More than one micro-batch per mini-batch on a rank (static: count; dynamic: the mini-batch's tokens
-    over the budget, as verl's rearrange_micro_batches packs them)."""
+    """More than one micro-batch per mini-batch on a rank (static: count; dynamic: verl's split)."""
     if cand.use_dynamic_bsz:
-        seq = workload.mean_seq_len if cand.use_remove_padding else workload.seq_len
-        return layout.mini_batch_per_rank * seq > tokens_per_micro_batch(cand, workload, forward_only=False)
+        return dynamic_split(cand, workload, layout, forward_only=False).count > 1
     return layout.micro_batches_per_mini > 1
 
 

@@ -258,3 +258,19 @@ def test_dynamic_micro_batches_are_balanced_as_verl_splits_a_mini_batch():
     assert tokens_per_micro_batch(c, WL, forward_only=False) == budget  # without a layout: the budget
     roomy = cand.with_(ppo_max_token_len_per_gpu=int(rank_tokens * 3))
     assert tokens_per_micro_batch(roomy, WL, forward_only=False, layout=layout) == pytest.approx(rank_tokens)
+
+
+def test_one_split_serves_memory_gradient_accumulation_and_time():
+    from autotune.objectives.memory import accumulates_gradients, dynamic_split, tokens_per_micro_batch
+
+    cand = DEFAULT_7B.with_(use_dynamic_bsz=True)
+    layout = ParallelLayout.of(cand, WL, gpus_per_node=8, nodes=1)
+    rank_tokens = layout.mini_batch_per_rank * WL.mean_seq_len
+    for factor, count in ((0.5, 1), (1.4, 2), (3.2, 4)):
+        c = cand.with_(ppo_max_token_len_per_gpu=max(int(rank_tokens / factor), WL.seq_len))
+        split = dynamic_split(c, WL, layout, forward_only=False)
+        assert split.count == count
+        assert split.mean_tokens == pytest.approx(rank_tokens / count)
+        assert tokens_per_micro_batch(c, WL, forward_only=False, layout=layout, largest=False) == split.mean_tokens
+        assert accumulates_gradients(c, WL, layout) == (count > 1)
+        assert split.mean_tokens <= split.largest_tokens <= c.ppo_max_token_len_per_gpu
