@@ -252,6 +252,11 @@ def cmd_run(args) -> int:
     from autotune.ui import print_best_table
 
     cfg = build_tune_config(args)
+    if cfg.host_mem_gib is not None:
+        from autotune.objectives.host_memory import HOST_HEADROOM
+
+        print(f"host memory: {cfg.host_mem_gib:.0f} GiB per node; offloaded states must fit in "
+              f"{HOST_HEADROOM:.0%} of it")
     if args.executor == "ray":
         from autotune.search.ray_executor import run_study_ray
 

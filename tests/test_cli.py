@@ -157,3 +157,17 @@ def test_run_says_which_knobs_the_backend_holds_off(tmp_path, monkeypatch, capsy
     assert main(["run", "--model", "qwen2.5-1.5b", "--gpus", "1", "--trials", "6", "--out", str(out), "--quiet"]) == 0
     assert "held off, their package is not installed here: use_liger=False" in capsys.readouterr().out
     assert "use_liger: false" in (out / "best.yaml").read_text()
+
+
+def test_host_mem_gib_keeps_offload_within_the_nodes_ram(tmp_path):
+    """A sim study for an 8-GPU node with little RAM (128 GiB): candidates whose offload overflows it are rejected."""
+    out = tmp_path / "out"
+    proc = _run("run", "--model", "qwen2.5-7b", "--gpus", "8", "--out", str(out), "--trials", "12", "--seed", "1",
+                "--host-mem-gib", "128", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert "host memory: 128 GiB per node; offloaded states must fit in 90% of it" in proc.stdout
+    study = optuna.load_study(study_name="qwen2.5-7b-1x8-sim", storage=f"sqlite:///{out / 'autotune.db'}")
+    host = [t for t in study.trials if "predicted host OOM" in t.user_attrs.get("reason", "")]
+    assert host and all(not t.user_attrs.get("launched") for t in host)
+    assert all(t.user_attrs["predicted_host_gib"] <= 0.9 * 128 for t in study.trials
+               if t.user_attrs.get("state") == "simulated")
