@@ -102,6 +102,8 @@ def pinned_optimizer_bytes(model: ModelSpec, cand: Candidate, layout: ParallelLa
 def estimate_host_memory(model: ModelSpec, workload: Workload, cand: Candidate, layout: ParallelLayout, *,
                          gpus_per_node: int, capacity_gib: float | None,
                          constants: ModelConstants = DEFAULT_CONSTANTS) -> HostMemoryEstimate:
+    """One worker's host memory by component at its worst moment (every offloaded state at once: verl
+    keeps pinned blocks cached between phases), and the node's total over `capacity_gib`."""
     k = constants
     state = actor_state_bytes(model, cand, layout, workload)
     per_gpu = {"process": k.system.host_process_gib * GIB,
