@@ -185,15 +185,19 @@ class DynamicSplit:
     largest_tokens: float  # sets the memory peak
 
 
+def _dynamic_bound(cand: Candidate, workload: Workload, *, forward_only: bool) -> float:
+    """Most tokens a dynamic micro-batch may hold: the budget across the SP group, never less than one sequence."""
+    budget = cand.log_prob_max_token_len_per_gpu if forward_only else cand.ppo_max_token_len_per_gpu
+    sp = cand.actor_cp if cand.is_megatron else cand.ulysses_sp
+    return max(budget * sp, workload.seq_len)
+
+
 def dynamic_split(cand: Candidate, workload: Workload, layout: ParallelLayout, *, forward_only: bool) -> DynamicSplit:
     """verl splits a rank's batch into ceil(tokens / budget) micro-batches balanced by workload
     (utils/seqlen_balancing.py rearrange_micro_batches), so each holds about tokens / count, the largest
     less than one sequence more, never over the budget: 1.4 budgets run as two micro-batches of 0.7."""
     seq = workload.mean_seq_len if cand.use_remove_padding else workload.seq_len
-    budget = cand.log_prob_max_token_len_per_gpu if forward_only else cand.ppo_max_token_len_per_gpu
-    sp = cand.actor_cp if cand.is_megatron else cand.ulysses_sp
-    # a micro-batch holds at most budget*sp tokens across the SP group and never less than one sequence
-    bound = max(budget * sp, workload.seq_len)
+    bound = _dynamic_bound(cand, workload, forward_only=forward_only)
     total = (layout.trajectories_per_rank if forward_only else layout.mini_batch_per_rank) * seq
     if total <= 0:
         return DynamicSplit(count=1, mean_tokens=bound, largest_tokens=bound)
@@ -209,13 +213,12 @@ def tokens_per_micro_batch(cand: Candidate, workload: Workload, *, forward_only:
 
     Dynamic batching: the largest micro-batch (the memory peak) or, with `largest=False`, the mean (the
     time); without a `layout`, the budget."""
-    seq = workload.mean_seq_len if cand.use_remove_padding else workload.seq_len
     if cand.use_dynamic_bsz:
         if layout is None:
-            budget = cand.log_prob_max_token_len_per_gpu if forward_only else cand.ppo_max_token_len_per_gpu
-            return max(budget * (cand.actor_cp if cand.is_megatron else cand.ulysses_sp), workload.seq_len)
+            return _dynamic_bound(cand, workload, forward_only=forward_only)
         split = dynamic_split(cand, workload, layout, forward_only=forward_only)
         return split.largest_tokens if largest else split.mean_tokens
+    seq = workload.mean_seq_len if cand.use_remove_padding else workload.seq_len
     if not forward_only:
         micro = cand.ppo_micro_batch_size_per_gpu
     else:

@@ -969,6 +969,10 @@ class GrpoProbe:
                 out[indices] = log_probs
         return out
 
+    def _resident(self, module: torch.nn.Module, offload: bool):
+        """`module` on this rank's GPU for the duration, offloaded the way this candidate's engine does."""
+        return resident(module, self.device, offload=offload, pinned=self.pinned_offload)
+
     def _micro_batches(self, lengths: dict[int, int], indices: Sequence[int], micro_batch_size: int,
                        max_tokens: int) -> list[list[int]]:
         return micro_batches(indices, lengths, dynamic=self.cand.use_dynamic_bsz,
@@ -982,17 +986,16 @@ class GrpoProbe:
     def old_log_prob(self, traj: Trajectories) -> torch.Tensor:
         batches = self._log_prob_batches(traj, self.cand.log_prob_micro_batch_size_per_gpu)
         self.actor.eval()
-        with resident(self.actor, self.device, offload=self.cand.param_offload, pinned=self.pinned_offload):
+        with self._resident(self.actor, self.cand.param_offload):
             return self._forward_log_probs(self.actor, traj, batches, with_entropy=True)
 
     def ref_log_prob(self, traj: Trajectories) -> torch.Tensor:
         batches = self._log_prob_batches(traj, self.cand.ref_log_prob_micro_batch_size_per_gpu)
         if self.ref is None:  # LoRA: the actor with its adapters disabled
             self.actor.eval()
-            with (resident(self.actor, self.device, offload=self.cand.param_offload, pinned=self.pinned_offload),
-                  self.actor.lm.disable_adapter()):
+            with self._resident(self.actor, self.cand.param_offload), self.actor.lm.disable_adapter():
                 return self._forward_log_probs(self.actor, traj, batches, with_entropy=False)
-        with resident(self.ref, self.device, offload=self.cand.ref_param_offload, pinned=self.pinned_offload):
+        with self._resident(self.ref, self.cand.ref_param_offload):
             return self._forward_log_probs(self.ref, traj, batches, with_entropy=False)
 
     def update_actor(self, traj: Trajectories, old_lp: torch.Tensor, ref_lp: torch.Tensor | None,
@@ -1001,7 +1004,7 @@ class GrpoProbe:
         flops = 0.0
         lengths = traj.seq_lengths
         self.actor.train()
-        with resident(self.actor, self.device, offload=self.cand.param_offload, pinned=self.pinned_offload):
+        with self._resident(self.actor, self.cand.param_offload):
             if self.cand.optimizer_offload:
                 move_optimizer_state(self.optimizer, self.device)
             for _epoch in range(self.work.ppo_epochs):
@@ -1040,7 +1043,7 @@ class GrpoProbe:
         moves its weights to host memory and drops the KV cache), so the rollout weights are not on
         the GPU while the actor trains; they come back here, as verl's wake_up before the sync."""
         self.rollout.to(self.device)
-        with resident(self.actor, self.device, offload=self.cand.param_offload, pinned=self.pinned_offload):
+        with self._resident(self.actor, self.cand.param_offload):
             self._copy_actor_to(self.rollout)
 
     # -- one step -------------------------------------------------------------------------------
