@@ -1141,8 +1141,11 @@ def run(req: WorkloadRequest, dist: Dist, clock: PhaseClock) -> dict:
         record = probe.step()
         records.append(record)
         if dist.rank == 0:
+            # phase times ride along so a probe killed at its deadline still leaves where its time went
             line = {"step": step, "tokens_per_s_per_gpu": record["tokens_per_s_per_gpu"],
-                    "timed": step >= req.warmup_steps}
+                    "timed": step >= req.warmup_steps, "mfu": record["mfu"],
+                    "phase_s": {name: round(s, 3) for name, s in record["phase_s"].items()},
+                    "peak_mem_gib": round(max(record["phase_peak_mem_gib"].values()), 2)}
             print(json.dumps(line), flush=True)
     return summarize(records, req.warmup_steps, clock.peak_gib, probe.plan())
 
