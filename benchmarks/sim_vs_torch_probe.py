@@ -46,9 +46,12 @@ OLD_BACKWARD = "old log-prob backward (a second logits-sized tensor in the updat
 NO_SLEEP = "; rollout weights held through training (no vLLM sleep yet)"
 GREEDY = "; dynamic micro-batches packed greedily up to the budget (verl balances them; the probe does now)"
 SESSION4 = RESULTS / "h200-2026-12-02-torch-session4"
-HOST_GIB = {SESSION4: 125.0}  # `free -g` on the machine (study_7b_b.txt)
+SESSION5 = RESULTS / "h200-2026-12-02-torch-session5"
+CURRENT = "current probe: balanced dynamic micro-batches, FSDP2 offload pinned and non-blocking"
+HOST_GIB = {SESSION4: 125.0, SESSION5: 125.0}  # `free -g` on the machine (study_7b_b.txt, study_7b_call1.txt)
 # (trials file, model, workload the study ran, note)
 STUDIES = [
+    (SESSION5 / "torch_study_qwen2.5-7b.trials.jsonl", "qwen2.5-7b", STUDY_32, CURRENT),
     (SESSION4 / "study_7b_a.trials.jsonl", "qwen2.5-7b", STUDY_32, "current log-prob backward" + GREEDY),
     (RESULTS / "h200-2026-12-02-torch-session3" / "study_1.5b_before_inplace_logprobs.trials.jsonl", "qwen2.5-1.5b",
      STUDY_64, OLD_BACKWARD),
@@ -121,9 +124,10 @@ def measured_row(label: str, model_name: str, workload: Workload, cand: Candidat
         f"{ph} {t['phase_s'][ph]:.2f} sim {step.phase_s[ph]:.2f} ({step.phase_s[ph] / t['phase_s'][ph] - 1:+.0%})"
         for ph in ("old_log_prob", "ref", "update_actor") if ph in t["phase_s"]) + tag)
     mfu_err = None
-    if t.get("mfu_update"):
-        mfu_err = step.mfu_actor / t["mfu_update"] - 1
-        print(f"           update MFU {t['mfu_update']:.3f} sim {step.mfu_actor:.3f} ({mfu_err:+.1%})")
+    measured_mfu = t.get("mfu_update") or t.get("mfu")  # torch_probe_one.py's key, the study trials' key
+    if measured_mfu:
+        mfu_err = step.mfu_actor / measured_mfu - 1
+        print(f"           update MFU {measured_mfu:.3f} sim {step.mfu_actor:.3f} ({mfu_err:+.1%})")
     return err, mfu_err
 
 
@@ -155,8 +159,9 @@ def default_probe_rows() -> list[tuple]:
     return ooms
 
 
-def study_rows() -> tuple[list[float], list[tuple], list[tuple]]:
-    errors, ooms, host_kills = [], [], []
+def study_rows() -> tuple[list[float], list[tuple], list[tuple], list[float]]:
+    """Peak-memory errors, OOMs, host kills, and the update-MFU errors of the current probe's trials."""
+    errors, ooms, host_kills, current_mfu = [], [], [], []
     for path, model_name, workload, note in STUDIES:
         print(f"\nstudy trials: {path.parent.name}/{path.name} ({model_name}; {note})")
         for line in path.read_text().splitlines():
@@ -166,7 +171,10 @@ def study_rows() -> tuple[list[float], list[tuple], list[tuple]]:
             cand = Candidate.from_params(t["candidate"])
             mem, step = predict(model_name, workload, cand)
             if t["state"] == "measured":
-                errors.append(measured_row(f"trial {t['number']:2d}", model_name, workload, cand, t)[0])
+                mem_err, mfu_err = measured_row(f"trial {t['number']:2d}", model_name, workload, cand, t)
+                errors.append(mem_err)
+                if note == CURRENT and mfu_err is not None:
+                    current_mfu.append(mfu_err)
             elif t["state"] == "failed":
                 killed = host_check(path, model_name, workload, t)
                 if killed:
@@ -176,12 +184,12 @@ def study_rows() -> tuple[list[float], list[tuple], list[tuple]]:
                 ooms.append((path.name, t["number"], predicted_oom))
                 print(f"  trial {t['number']:2d} OOM; sim {mem.peak_gib:6.1f} GiB in {mem.worst_phase}: "
                       f"{'predicted OOM' if predicted_oom else 'predicted to fit (wrong)'}")
-    return errors, ooms, host_kills
+    return errors, ooms, host_kills, current_mfu
 
 
 def main() -> int:
     mem_err, mfu_err = update_rows()
-    study_err, ooms, host_kills = study_rows()
+    study_err, ooms, host_kills, current_mfu = study_rows()
     single_mem, single_mfu = single_rows()
     study_err += single_mem
     ooms += default_probe_rows()
@@ -193,6 +201,9 @@ def main() -> int:
           "(1.5B update-phase profile, without liger)")
     print("update MFU of single probes (7B, liger, whose factor was fitted on 1.5B): "
           + ", ".join(f"{e:+.1%}" for e in single_mfu))
+    print("update MFU of the current probe's study trials (7B, liger): "
+          + ", ".join(f"{e:+.1%}" for e in current_mfu)
+          + f" (median |error| {statistics.median(map(abs, current_mfu)):.1%})")
     print(f"measured GPU OOMs predicted: {sum(p for *_, p in ooms)} of {len(ooms)}")
     print(f"host OOMs (probe killed by the kernel) predicted: {sum(p for *_, p in host_kills)} of {len(host_kills)}")
     return 0

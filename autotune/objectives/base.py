@@ -61,6 +61,11 @@ class ProbeRunner(ABC):
         """Why this backend cannot measure `candidate` at all (checked before launch); None when it can."""
         return None
 
+    def measurable_choices(self) -> dict[str, tuple]:
+        """Knobs of which this backend can measure only some values, with those values (the torch backend: FSDP
+        engines, no Ulysses), so the sampler proposes nothing else. A user's pin outside them is an error."""
+        return {}
+
     def held_off(self) -> dict:
         """Knobs this backend cannot turn on where it runs (a package is missing), with the value they are held
         at, so the sampler spends no trials on them. A user's own `fixed` or `ranges` entry wins."""

@@ -38,7 +38,7 @@ from autotune.objectives.select import knob_package_missing, knobs_held_off
 from autotune.spaces.candidate import Candidate
 from autotune.workload import Workload
 
-__all__ = ["PHASES", "TorchRunner", "rank_result_path", "request_payload", "unsupported_reason"]
+__all__ = ["MEASURABLE_CHOICES", "PHASES", "TorchRunner", "rank_result_path", "request_payload", "unsupported_reason"]
 
 # verl's timing_s/<phase> names, in step order.
 PHASES = ("gen", "old_log_prob", "ref", "update_actor", "update_weights")
@@ -64,6 +64,10 @@ CUDA_ONLY_KNOBS = ("use_liger",)
 def rank_result_path(out: str | Path, rank: int) -> str:
     """Rank 0 writes the result; other ranks write their own failure next to it."""
     return str(out) if rank == 0 else f"{out}.rank{rank}"
+
+
+# What torch_workload implements of verl's layouts: FSDP data parallelism, no Ulysses (see unsupported_reason)
+MEASURABLE_CHOICES: dict[str, tuple] = {"actor_engine": ("fsdp", "fsdp2"), "ulysses_sp": (1,)}
 
 
 def unsupported_reason(candidate: Candidate, workload: Workload, device: str = "cuda") -> str | None:
@@ -138,6 +142,9 @@ class TorchRunner(ProbeRunner):
     def unsupported(self, candidate: Candidate, workload: Workload) -> str | None:
         return unsupported_reason(candidate, workload, self.device)
 
+    def measurable_choices(self) -> dict[str, tuple]:
+        return MEASURABLE_CHOICES
+
     def held_off(self) -> dict:
         return knobs_held_off() | ({knob: False for knob in CUDA_ONLY_KNOBS} if self.device != "cuda" else {})
 
@@ -145,7 +152,7 @@ class TorchRunner(ProbeRunner):
         reason = unsupported_reason(request.candidate, request.workload, self.device)
         if reason:
             raise ProbeRejected(reason)  # a property of the candidate: the sampler learns to avoid it
-        run_dir = Path(request.run_dir)
+        run_dir = Path(request.run_dir).resolve()  # the probe runs with cwd=run_dir: its paths must be absolute
         run_dir.mkdir(parents=True, exist_ok=True)
         for stale in run_dir.glob(f"{RESULT_FILE}*"):
             stale.unlink()

@@ -84,6 +84,32 @@ def held_off_knobs(cfg: TuneConfig, runner: ProbeRunner) -> dict:
     return {k: v for k, v in runner.held_off().items() if k not in cfg.fixed and k not in cfg.ranges}
 
 
+def fit_to_runner(cfg: TuneConfig, runner: ProbeRunner) -> TuneConfig:
+    """The search space this runner can measure: held-off knobs pinned, and knobs of which it measures only some
+    values (torch: FSDP engines) narrowed to those, so no trial is spent on a candidate it must reject. A
+    user's range is intersected; a user's pin outside what the backend measures is an error."""
+    fixed = {**cfg.fixed, **held_off_knobs(cfg, runner)}
+    ranges = dict(cfg.ranges)
+    for knob, choices in runner.measurable_choices().items():
+        if knob in fixed:
+            if fixed[knob] not in choices:
+                raise ConfigError(f"the {cfg.backend} backend cannot measure {knob}={fixed[knob]!r} (it measures "
+                                  f"{', '.join(map(str, choices))}); unpin it or use another --backend")
+            continue
+        wanted = ranges.get(knob)
+        if isinstance(wanted, list):
+            kept = [v for v in wanted if v in choices]
+            if not kept:
+                raise ConfigError(f"tune.yaml ranges.{knob}: the {cfg.backend} backend measures none of {wanted} "
+                                  f"(it measures {', '.join(map(str, choices))})")
+            ranges[knob] = kept
+        elif wanted is None:
+            ranges[knob] = list(choices)
+    if fixed == cfg.fixed and ranges == cfg.ranges:
+        return cfg
+    return replace(cfg, fixed=fixed, ranges=ranges)
+
+
 def build_space(cfg: TuneConfig) -> SearchSpace:
     return SearchSpace.build(cfg.model, cfg.workload, gpus_per_node=cfg.gpus_per_node, nodes=cfg.nodes,
                              fixed=cfg.fixed, ranges=cfg.ranges, tune_workload=cfg.tune_workload)
@@ -253,9 +279,7 @@ def start_study(cfg: TuneConfig) -> tuple[SearchSpace, optuna.Study]:
 def run_study(cfg: TuneConfig, runner: ProbeRunner, *, on_trial: TrialCallback | None = None,
               on_step: Callable[[int, int, float], None] | None = None) -> optuna.Study:
     """Run trials until the study holds `cfg.trials` finished ones or the budget ends (a second run resumes)."""
-    held = held_off_knobs(cfg, runner)
-    if held:
-        cfg = replace(cfg, fixed={**cfg.fixed, **held})
+    cfg = fit_to_runner(cfg, runner)
     space, study = start_study(cfg)
     ctx = StudyContext(cfg=cfg, space=space, runner=runner, on_step=on_step)
     started_s = time.monotonic()
@@ -378,13 +402,13 @@ def _tell_placeholder(study: optuna.Study, trial: optuna.Trial) -> None:
 def launch_request(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial, candidate: Candidate,
                    workload: Workload) -> ProbeRequest:
     cfg = ctx.cfg
-    run_dir = Path(cfg.out_dir) / "runs" / f"{cfg.study_name}-trial{trial.number:04d}"
+    run_dir = (Path(cfg.out_dir) / "runs" / f"{cfg.study_name}-trial{trial.number:04d}").resolve()
     if not ctx.runner.simulated:
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             _fail_run_folder(study, trial, run_dir, exc)
-    trial.set_user_attr("run_dir", str(run_dir.resolve()))
+    trial.set_user_attr("run_dir", str(run_dir))
     trial.set_user_attr("launched", True)
     return ProbeRequest(model=cfg.model, gpu=cfg.gpu, n_gpus=cfg.gpus_per_node, nodes=cfg.nodes,
                         passthrough=cfg.passthrough, workload=workload, candidate=candidate, run_dir=run_dir,

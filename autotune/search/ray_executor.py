@@ -71,6 +71,7 @@ def run_study_ray(cfg: TuneConfig, *, address: str | None = None, max_in_flight:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     runner: ProbeRunner = get_runner(cfg.backend) if cfg.backend == "sim" else _LocalChecks(cfg.backend)
+    cfg = driver.fit_to_runner(cfg, runner)
     space, study = driver.start_study(cfg)
     ctx = driver.StudyContext(cfg=cfg, space=space, runner=runner)
     remote = ray.remote(probe_on_worker)
@@ -148,6 +149,12 @@ class _LocalChecks(ProbeRunner):
             from autotune.objectives.torch_runner import unsupported_reason
             return unsupported_reason(candidate, workload)
         return None
+
+    def measurable_choices(self):
+        if self.name == "torch":
+            from autotune.objectives.torch_runner import MEASURABLE_CHOICES
+            return MEASURABLE_CHOICES
+        return {}
 
     def probe(self, request, report):  # pragma: no cover - never called: probes run on Ray workers
         raise RuntimeError("remote probes run on Ray workers")

@@ -3,6 +3,7 @@ through TorchRunner on a tiny shape (hidden 64, 2 layers, vocab 512) in a subpro
 
 from __future__ import annotations
 
+import json
 import random
 import subprocess
 import sys
@@ -310,6 +311,19 @@ def test_tiny_probe_end_to_end_on_cpu(tmp_path):
     # tokens/s per GPU is (prompt+response tokens) / step time, as verl's perf/throughput
     first_timed = result.extra["steps"][1]
     assert first_timed["tokens_per_s_per_gpu"] == pytest.approx(first_timed["tokens"] / first_timed["step_s"])
+
+
+def test_a_relative_run_folder_works_and_each_step_logs_its_phase_times(tmp_path, monkeypatch):
+    """`--out results` is relative: the probe runs with cwd=run_dir, so the runner must hand it absolute paths.
+    Each step's progress line carries its phase times, so a probe killed at its deadline still shows them."""
+    monkeypatch.chdir(tmp_path)
+    request = replace(tiny_request(tmp_path), run_dir=Path("results") / "runs" / "trial0001", timed_steps=1)
+    result = TorchRunner(device="cpu").probe(request, lambda step, tps: False)
+    assert result.tokens_per_s_per_gpu > 0
+    log = (tmp_path / "results" / "runs" / "trial0001" / "probe.log").read_text()
+    steps = [json.loads(line) for line in log.splitlines() if line.startswith('{"step"')]
+    assert [s["step"] for s in steps] == [0, 1] and [s["timed"] for s in steps] == [False, True]
+    assert set(steps[1]["phase_s"]) == set(PHASES) and steps[1]["peak_mem_gib"] > 0 and steps[1]["mfu"] > 0
 
 
 def test_lora_probe_end_to_end_on_cpu(tmp_path):

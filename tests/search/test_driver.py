@@ -83,6 +83,42 @@ def test_knobs_the_backend_holds_off_are_never_proposed_unless_the_user_pins_the
     assert all(t.user_attrs["candidate"]["use_liger"] is True for t in pinned.trials if not t.user_attrs.get("baseline"))
 
 
+def _sim_measuring_fsdp_only():
+    """The sim standing in for the torch backend, which measures FSDP layouts only (a test double)."""
+    from autotune.objectives.sim import SimRunner
+    from autotune.objectives.torch_runner import MEASURABLE_CHOICES, unsupported_reason
+
+    class FsdpOnly(SimRunner):
+        def measurable_choices(self):
+            return MEASURABLE_CHOICES
+
+        def unsupported(self, candidate, workload):
+            return unsupported_reason(candidate, workload)
+
+    return FsdpOnly()
+
+
+def test_no_trial_is_spent_on_what_the_backend_cannot_measure(tmp_path):
+    # the 7B study on one H200 spent 30 of 40 trials on Megatron candidates the torch backend then rejected
+    study = run_study(_cfg(tmp_path, trials=20, gpus_per_node=1), _sim_measuring_fsdp_only())
+    engines = {t.user_attrs["candidate"]["actor_engine"] for t in study.trials}
+    assert engines <= {"fsdp", "fsdp2"} and len(study.trials) >= 20
+    assert not any("not measurable" in t.user_attrs.get("reason", "") for t in study.trials)
+
+
+def test_a_users_engine_choice_meets_what_the_backend_measures(tmp_path):
+    from autotune.search.driver import fit_to_runner
+
+    runner = _sim_measuring_fsdp_only()
+    cfg = fit_to_runner(_cfg(tmp_path, ranges={"actor_engine": ["megatron", "fsdp2"]}), runner)
+    assert cfg.ranges["actor_engine"] == ["fsdp2"] and cfg.ranges["ulysses_sp"] == [1]
+    with pytest.raises(ConfigError, match="cannot measure actor_engine='megatron'"):
+        fit_to_runner(_cfg(tmp_path, fixed={"actor_engine": "megatron"}), runner)
+    with pytest.raises(ConfigError, match="measures none of"):
+        fit_to_runner(_cfg(tmp_path, ranges={"actor_engine": ["megatron"]}), runner)
+    assert fit_to_runner(_cfg(tmp_path), get_runner("sim")).ranges == {}
+
+
 def test_opted_in_workload_knob_is_recorded(tmp_path):
     cfg = _cfg(tmp_path, trials=8, tune_workload=("ppo_mini_batch_size",))
     study = run_study(cfg, get_runner("sim"))
