@@ -268,6 +268,10 @@ def cmd_run(args) -> int:
         held = held_off_knobs(cfg, runner)
         if held:
             print(f"held off, their package is not installed here: {', '.join(f'{k}={v}' for k, v in held.items())}")
+        narrowed = {k: v for k, v in runner.measurable_choices().items() if k not in cfg.fixed}
+        if narrowed:
+            print(f"the {cfg.backend} backend measures only: "
+                  + "; ".join(f"{k} in {', '.join(map(str, v))}" for k, v in narrowed.items()))
         with RunProgress(cfg.trials, study_name=cfg.study_name, simulated=runner.simulated,
                          warmup_steps=cfg.probe.warmup_steps, quiet=args.quiet) as progress:
             study = run_study(cfg, runner, on_trial=progress.on_trial, on_step=progress.on_step)

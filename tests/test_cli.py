@@ -159,6 +159,28 @@ def test_run_says_which_knobs_the_backend_holds_off(tmp_path, monkeypatch, capsy
     assert "use_liger: false" in (out / "best.yaml").read_text()
 
 
+def test_run_says_what_the_backend_measures_and_a_pin_outside_it_is_one_line(tmp_path, monkeypatch, capsys):
+    """A backend that measures FSDP only (the torch backend, here a sim test double) narrows the engine choice."""
+    from autotune.objectives import base
+    from autotune.objectives.sim import SimRunner
+
+    class SimMeasuringFsdpOnly(SimRunner):
+        def measurable_choices(self):
+            return {"actor_engine": ("fsdp", "fsdp2")}
+
+    monkeypatch.setattr(base, "get_runner", lambda name: SimMeasuringFsdpOnly())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    out = tmp_path / "out"
+    assert main(["run", "--model", "qwen2.5-1.5b", "--gpus", "1", "--trials", "6", "--out", str(out), "--quiet"]) == 0
+    assert "backend measures only: actor_engine in fsdp, fsdp2" in capsys.readouterr().out
+    tune = tmp_path / "tune.yaml"
+    tune.write_text("fixed:\n  actor_engine: megatron\n")
+    assert main(["run", "--model", "qwen2.5-1.5b", "--gpus", "1", "--trials", "2", "--out", str(tmp_path / "o2"),
+                 "--quiet", "--config", str(tune)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot measure actor_engine='megatron'" in err and "Traceback" not in err
+
+
 def test_host_mem_gib_keeps_offload_within_the_nodes_ram(tmp_path):
     """A sim study for an 8-GPU node with little RAM (128 GiB): candidates whose offload overflows it are rejected."""
     out = tmp_path / "out"
