@@ -52,6 +52,7 @@ HOST_GIB = {SESSION4: 125.0, SESSION5: 125.0}  # `free -g` on the machine (study
 # (trials file, model, workload the study ran, note)
 STUDIES = [
     (SESSION5 / "torch_study_qwen2.5-7b.trials.jsonl", "qwen2.5-7b", STUDY_32, CURRENT),
+    (SESSION5 / "torch_study_qwen2.5-1.5b.trials.jsonl", "qwen2.5-1.5b", STUDY_64, CURRENT),
     (SESSION4 / "study_7b_a.trials.jsonl", "qwen2.5-7b", STUDY_32, "current log-prob backward" + GREEDY),
     (RESULTS / "h200-2026-12-02-torch-session3" / "study_1.5b_before_inplace_logprobs.trials.jsonl", "qwen2.5-1.5b",
      STUDY_64, OLD_BACKWARD),
@@ -201,7 +202,7 @@ def main() -> int:
           "(1.5B update-phase profile, without liger)")
     print("update MFU of single probes (7B, liger, whose factor was fitted on 1.5B): "
           + ", ".join(f"{e:+.1%}" for e in single_mfu))
-    print("update MFU of the current probe's study trials (7B, liger): "
+    print("update MFU of the current probe's study trials (7B with liger; 1.5B default, then 1.5B with liger): "
           + ", ".join(f"{e:+.1%}" for e in current_mfu)
           + f" (median |error| {statistics.median(map(abs, current_mfu)):.1%})")
     print(f"measured GPU OOMs predicted: {sum(p for *_, p in ooms)} of {len(ooms)}")

@@ -86,11 +86,15 @@ def test_knobs_the_backend_holds_off_are_never_proposed_unless_the_user_pins_the
 def _sim_measuring_fsdp_only():
     """The sim standing in for the torch backend, which measures FSDP layouts only (a test double)."""
     from autotune.objectives.sim import SimRunner
+    from autotune.objectives.select import knobs_held_off
     from autotune.objectives.torch_runner import MEASURABLE_CHOICES, unsupported_reason
 
     class FsdpOnly(SimRunner):
         def measurable_choices(self):
             return MEASURABLE_CHOICES
+
+        def held_off(self):  # as TorchRunner: liger-kernel may be missing here
+            return knobs_held_off()
 
         def unsupported(self, candidate, workload):
             return unsupported_reason(candidate, workload)
