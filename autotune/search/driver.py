@@ -326,7 +326,17 @@ def prepare_trial(ctx: StudyContext, study: optuna.Study,
     cfg = ctx.cfg
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        candidate, workload = ctx.space.suggest(trial, cfg.workload)
+        try:
+            candidate, workload = ctx.space.suggest(trial, cfg.workload)
+        except ValueError as exc:
+            if "dynamic value space" not in str(exc):
+                raise
+            # Optuna keeps one set of choices per parameter and study; this run's space (another backend, other
+            # ranges) offers different ones
+            study.tell(trial, state=TrialState.FAIL)
+            raise ConfigError(f"study {cfg.study_name!r} was started with other choices for a knob than this run "
+                              "offers (another backend or other ranges); resume it with the same ones, or use "
+                              "another --study") from None
     # pid before host: a worker starting now fails RUNNING trials of this host whose pid is dead (or missing)
     trial.set_user_attr("pid", os.getpid())
     trial.set_user_attr("host", socket.gethostname())

@@ -123,6 +123,15 @@ def test_a_users_engine_choice_meets_what_the_backend_measures(tmp_path):
     assert fit_to_runner(_cfg(tmp_path), get_runner("sim")).ranges == {}
 
 
+def test_resuming_a_study_with_other_engine_choices_is_a_clear_error_and_keeps_its_trials(tmp_path):
+    run_study(_cfg(tmp_path, trials=6, gpus_per_node=1), get_runner("sim"))  # offers megatron too
+    with pytest.raises(ConfigError, match="started with other choices"):
+        run_study(_cfg(tmp_path, trials=12, gpus_per_node=1), _sim_measuring_fsdp_only())
+    study = open_study(_cfg(tmp_path, gpus_per_node=1))
+    assert len([t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]) >= 6
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+
+
 def test_opted_in_workload_knob_is_recorded(tmp_path):
     cfg = _cfg(tmp_path, trials=8, tune_workload=("ppo_mini_batch_size",))
     study = run_study(cfg, get_runner("sim"))
