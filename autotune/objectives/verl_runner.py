@@ -10,6 +10,7 @@ console lines as a fallback; failures are classified from the exit code and the 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import time
@@ -153,6 +154,14 @@ class VerlRunner(ProbeRunner):
     def held_off(self) -> dict:
         return knobs_held_off() if self.python == sys.executable else {}
 
+    def measurable_choices(self) -> dict[str, tuple]:
+        """Without megatron-core where the probe runs, verl's Megatron engine cannot start (its worker imports
+        megatron.core at module level: verl/workers/engine/megatron/transformer_impl.py:23): every Megatron probe
+        would end the study with an environment error, so only the FSDP engines are proposed."""
+        if self.python != sys.executable or _module_present("megatron.core"):
+            return {}
+        return {"actor_engine": ("fsdp", "fsdp2")}
+
     def probe(self, request: ProbeRequest, report: StepReporter) -> ProbeResult:
         argv, env, metrics_path = probe_command(request, python=self.python)
         if self.base_env is not None:
@@ -186,6 +195,13 @@ class VerlRunner(ProbeRunner):
         return ProbeResult(tokens_per_s_per_gpu=summary.tokens_per_s_per_gpu, mfu=summary.mfu_actor,
                            peak_mem_gib=summary.peak_mem_gib or 0.0, step_s=summary.step_s,
                            phase_s=summary.phase_s, simulated=False, series=summary.series, extra=extra)
+
+
+def _module_present(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a missing parent package (megatron for megatron.core)
+        return False
 
 
 def _log_tail(log_path: Path) -> str:

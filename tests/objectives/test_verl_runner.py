@@ -174,3 +174,29 @@ def test_a_knob_whose_package_is_missing_is_rejected_before_launch(monkeypatch):
     assert VerlRunner().unsupported(Candidate(use_liger=False), Workload()) is None
     # another interpreter's packages are not visible from here: verl's own import error will say it
     assert VerlRunner(python="/opt/other/python").unsupported(Candidate(use_liger=True), Workload()) is None
+
+
+def test_without_megatron_core_only_fsdp_engines_are_proposed(monkeypatch):
+    """A Megatron probe on a machine without megatron-core ends the study with an environment error; the runner
+    says so up front and the driver narrows the space (found preparing the first real verl study)."""
+    import importlib.util
+
+    from autotune.search.driver import fit_to_runner
+    from autotune.config import ProbeBudget, TuneConfig
+
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name, *args):
+        if name.split(".")[0] == "megatron":
+            raise ModuleNotFoundError(name)
+        return real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    runner = VerlRunner()
+    assert runner.measurable_choices() == {"actor_engine": ("fsdp", "fsdp2")}
+    cfg = TuneConfig(model=get_model("qwen2.5-7b"), gpu=get_gpu("H200"), gpus_per_node=8, nodes=1, backend="verl",
+                     trials=4, storage_url="sqlite://", study_name="s", out_dir=Path("."), seed=0,
+                     workload=Workload(), fixed={}, ranges={}, tune_workload=(), probe=ProbeBudget())
+    assert fit_to_runner(cfg, runner).ranges["actor_engine"] == ["fsdp", "fsdp2"]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    assert VerlRunner().measurable_choices() == {}
