@@ -53,12 +53,11 @@ def gpu_curve_factors(gpu: GpuSpec | None, c: ThroughputConstants = THROUGHPUT) 
 
 def train_mfu(tokens_per_micro: float, hidden_per_gpu: float, c: ThroughputConstants = THROUGHPUT, *,
               gpu: GpuSpec | None = None, t_half_hidden: float | None = None) -> float:
-    """Training MFU (verl FLOPs) at this many tokens per micro-batch and this GEMM width.
+    """Training MFU (verl FLOPs) at this many tokens per micro-batch and this GEMM width (hidden size).
 
-    `hidden_per_gpu` (the width left after tensor parallelism) sets the ceiling; the tokens to half-peak follow
-    the model's own hidden size (`t_half_hidden`, default the same): a GEMM of t tokens against a K x N
-    weight has arithmetic intensity ~ t while t << K, N, so splitting N over TP ranks does not raise the tokens
-    it needs. `gpu` rescales both for GPUs other than the H200 (gpu_curve_factors); None is the H200."""
+    `t_half_hidden` (default the same) sets the tokens to half-peak: a GEMM of t tokens against a K x N weight
+    has arithmetic intensity ~ t while t << K, N. `gpu` rescales both for GPUs other than the H200
+    (gpu_curve_factors); None is the H200."""
     doublings = math.log2(max(hidden_per_gpu, 64) / 2048)
     t_doublings = math.log2(max(t_half_hidden or hidden_per_gpu, 64) / 2048)
     t_factor, ceiling_factor = gpu_curve_factors(gpu, c)
@@ -80,10 +79,6 @@ def _link(gpu: GpuSpec, group: int, gpus_per_node: int) -> float:
 
 def _host_copy_s(nbytes: float, gpu: GpuSpec, k: ModelConstants) -> float:
     return nbytes / (gpu.host_link_bytes_per_s * k.system.host_link_efficiency)
-
-
-def _hidden_per_gpu(model: ModelSpec, cand: Candidate) -> float:
-    return model.hidden_size / (cand.actor_tp if cand.is_megatron else 1)
 
 
 def _expert_n(model: ModelSpec) -> float:
@@ -146,7 +141,10 @@ def _pass_parts(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candid
         m = train_mfu(tokens, width, k.throughput, gpu=gpu, t_half_hidden=model.hidden_size)
         return min(m * mfu_factor, cap)
 
-    compute_s = (flops - expert_flops) / (mfu_at(gemm_tokens, _hidden_per_gpu(model, cand)) * gpu.peak_bf16_flops)
+    # the curve's width is the model's hidden size under TP too: a column- or row-parallel GEMM keeps K (or N)
+    # and all M tokens, and the fitted width dependence stands for the model's shapes, not for a split of them;
+    # TP's cost is its collectives (tests/objectives/test_published_model.py checks it step by step)
+    compute_s = (flops - expert_flops) / (mfu_at(gemm_tokens, model.hidden_size) * gpu.peak_bf16_flops)
     if expert_flops:
         ep = cand.actor_ep if cand.is_megatron else 1
         etp = cand.actor_etp if cand.is_megatron else 1
