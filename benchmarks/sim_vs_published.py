@@ -120,6 +120,60 @@ def summary(label: str, rs: list[float]) -> str:
             f"{sum(0.5 <= r <= 2.0 for r in rs)}/{len(rs)}")
 
 
+# verl's DAPO 7B experiment script (phase_sources in the data file): everything but the GPU count
+DAPO_7B = dict(max_prompt_length=2048, max_response_length=28672, train_batch_size=512, rollout_n=16,
+               ppo_mini_batch_size=32, use_kl_loss=False)
+DAPO_7B_CANDIDATE = dict(actor_engine="fsdp2", ulysses_sp=4, rollout_tp=4, gpu_memory_utilization=0.8,
+                         use_dynamic_bsz=True, ppo_max_token_len_per_gpu=61440, log_prob_max_token_len_per_gpu=92160,
+                         param_offload=True, optimizer_offload=True, ref_param_offload=True,
+                         max_num_batched_tokens=30720, enable_chunked_prefill=True, gradient_checkpointing=True)
+DAPO_PROMPT_FILL = 0.1  # assumed: DAPO-Math-17k prompts of ~200 tokens against the 2048 cap
+
+
+def phase_job(run: dict, mean_response: float) -> tuple:
+    model = get_model(run["model"])
+    workload = Workload(**DAPO_7B, prompt_fill=DAPO_PROMPT_FILL, mean_response_length=mean_response)
+    cand = Candidate(**DAPO_7B_CANDIDATE)
+    layout = ParallelLayout.of(cand, workload, gpus_per_node=8, nodes=run["gpus"] // 8)
+    return model, gpu_of(run["gpu"]), workload, cand, layout
+
+
+def implied_mean(run: dict) -> float | None:
+    """The mean response length at which the predicted old_log_prob equals the published one (bisection: the
+    forward pass grows with the tokens), or None when no length in (0, max] gives it."""
+    def old_log_prob(mean: float) -> float:
+        return estimate_step_time(*phase_job(run, mean)).phase_s["old_log_prob"]
+    lo, hi = 16.0, float(DAPO_7B["max_response_length"])
+    target = run["published"]["old_log_prob_s"]
+    if not old_log_prob(lo) <= target <= old_log_prob(hi):
+        return None
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if old_log_prob(mid) < target else (lo, mid)
+    return (lo + hi) / 2
+
+
+def phase_rows(doc: dict) -> None:
+    runs = doc.get("phase_runs") or []
+    if not runs:
+        return
+    print("\nverl runs with published phases but no published mean response length: the mean is inferred from the "
+          "published old_log_prob,\nthen gen, update_actor and the step are predictions (committed constants):")
+    for name, src in doc["phase_sources"].items():
+        print(f"  {name}: {src['url']}\n    configuration: {src['script']}")
+    for run in runs:
+        mean = implied_mean(run)
+        if mean is None:
+            print(f"  {run['id']}: no mean response length reproduces old_log_prob {run['published']['old_log_prob_s']} s")
+            continue
+        step = estimate_step_time(*phase_job(run, mean))
+        pub = run["published"]
+        cells = [f"{ph} {pub[ph + '_s']:.0f} sim {step.phase_s[ph]:.0f} ({step.phase_s[ph] / pub[ph + '_s']:.2f})"
+                 for ph in ("gen", "update_actor")]
+        print(f"  {run['id']:22s} implied mean response {mean:6.0f}: " + ", ".join(cells)
+              + f", step {pub['step_s']:.0f} sim {step.step_s:.0f} ({step.step_s / pub['step_s']:.2f})")
+
+
 def main() -> int:
     doc = yaml.safe_load(DATA.read_text())
     runs = doc["runs"]
@@ -161,6 +215,7 @@ def main() -> int:
         print(f"  {source:22s} fitted " + ", ".join(f"{n} {v}" for (_, n), v in values.items())
               + f": ratios {', '.join(f'{r:.2f}' for r in rs)}")
     print(summary("leave-one-source-out", loso))
+    phase_rows(doc)
     return 0
 
 
