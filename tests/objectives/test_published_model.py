@@ -128,3 +128,12 @@ def test_tune_yaml_takes_response_length_mean_and_max(tmp_path):
     path.write_text("workload: {response_length: {mean: 2000, max: 1024}}\n")
     with pytest.raises(ConfigError, match="mean_response_length"):
         load_tune_yaml(path)
+
+
+def test_estimate_cli_takes_the_mean_response_length(capsys):
+    from autotune.cli import main
+
+    assert main(["estimate", "--from", "tests/data/verl_examples/qwen2-7b_grpo-lora_1_h100_fsdp_vllm.sh",
+                 "--gpus", "1", "--gpu", "H100-80GB", "--mean-response-length", "500"]) == 0
+    out = capsys.readouterr().out
+    assert "at mean 500" in out and "as verl reports it (model-FLOPs utilisation" in out
