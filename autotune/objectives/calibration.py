@@ -56,6 +56,9 @@ class ThroughputConstants:
     # mfu_max and t_half log-linear in hidden size. fitted (train rows, no checkpointing).
     mfu_max_at_h2048: float
     mfu_max_log2_slope: float  # change of mfu_max per doubling of hidden size
+    # hand-set, not fitted (benchmarks/fit_calibration.py does not vary it): it bounds the log-linear ceiling
+    # for hidden sizes of 7B and up, where the fitted slope would pass it; below the ~0.8 of peak the
+    # H200's GEMMs reach (torch.profiler on the probe)
     mfu_max_cap: float
     t_half_tokens_at_h2048: float
     t_half_log2_slope: float  # multiplicative change of t_half per doubling of hidden size
