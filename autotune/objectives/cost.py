@@ -151,8 +151,9 @@ def _pass_parts(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candid
         expert_tokens = gemm_tokens * ep * model.num_experts_per_tok / model.num_experts
         compute_s += expert_flops / (mfu_at(expert_tokens, model.hidden_size / etp) * gpu.peak_bf16_flops)
         passes = 1 if forward_only else (4 if cand.gradient_checkpointing else 3)
+        # this rank's tokens (split by TP/SP x CP) through its layers (L / PP): seqs x seq / split x L
         permute_bytes = (k.throughput.moe_permute_copies * model.num_experts_per_tok * model.hidden_size * BF16
-                         * seqs_per_rank * seq / split * model.num_layers / (cand.actor_pp if cand.is_megatron else 1))
+                         * seqs_per_rank * seq / split * model.num_layers)
         compute_s += passes * permute_bytes / gpu.hbm_bytes_per_s
 
     n_micro = max(seqs_per_rank * seq / max(tok_micro, 1.0), 1.0) * (1 if forward_only else workload.ppo_epochs)
