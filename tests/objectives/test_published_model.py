@@ -137,3 +137,21 @@ def test_estimate_cli_takes_the_mean_response_length(capsys):
                  "--gpus", "1", "--gpu", "H100-80GB", "--mean-response-length", "500"]) == 0
     out = capsys.readouterr().out
     assert "at mean 500" in out and "as verl reports it (model-FLOPs utilisation" in out
+
+
+def test_the_published_runs_benchmark_meets_its_goal():
+    import importlib.util
+    import statistics
+    from pathlib import Path
+
+    import yaml
+
+    path = Path(__file__).parents[2] / "benchmarks" / "sim_vs_published.py"
+    spec = importlib.util.spec_from_file_location("sim_vs_published", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    runs = yaml.safe_load(bench.DATA.read_text())["runs"]
+    assert len(runs) >= 12 and len({r["source"] for r in runs}) >= 3 and len({r["gpu"] for r in runs}) >= 2
+    ratios = bench.ratios(runs, DEFAULT_CONSTANTS)
+    assert 0.8 <= statistics.median(ratios) <= 1.25  # docs/model.md: median 0.98
+    assert all(0.5 <= r <= 2.0 for r in ratios)
