@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--gpu", help="GPU type (default: detected, else H200)")
     est.add_argument("--model", help="model name when the job's model.path is not readable")
     est.add_argument("--json", action="store_true", help="machine-readable output")
+    est.add_argument("--mean-response-length", type=whole_int, metavar="TOKENS",
+                     help="typical response length (verl's response_length/mean): time is priced over it and memory "
+                          "is also reported at it (the verdict stays at data.max_response_length)")
     est.add_argument("overrides", nargs="*", help=argparse.SUPPRESS)
     est.set_defaults(func=cmd_estimate)
 
@@ -235,7 +238,12 @@ def cmd_estimate(args) -> int:
     detected = detect_gpus()
     gpu = get_gpu(args.gpu) if args.gpu else (match_device_name(detected.device_name) if detected and
                                                match_device_name(detected.device_name) else get_gpu(DEFAULT_GPU))
-    result = estimate(job.model, gpu, job.workload, job.baseline, gpus_per_node=gpus, nodes=nodes)
+    workload = job.workload
+    if args.mean_response_length is not None:
+        from dataclasses import replace
+
+        workload = replace(workload, mean_response_length=min(args.mean_response_length, workload.max_response_length))
+    result = estimate(job.model, gpu, workload, job.baseline, gpus_per_node=gpus, nodes=nodes)
     if args.json:
         print(json.dumps({**result.as_dict(), "source": str(args.from_job), "unresolved": list(job.unresolved)},
                          indent=2, default=str))

@@ -175,7 +175,7 @@ def load_tune_yaml(path: Path | None) -> TuneYaml:
     unknown = sorted(set(map(str, data)) - TUNE_YAML_KEYS)
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {unknown}; allowed: {sorted(TUNE_YAML_KEYS)}")
-    workload_raw = _section(data, "workload", set(Workload.field_names()), path)
+    workload_raw = _section(data, "workload", set(Workload.field_names()) | {"response_length"}, path)
     probe_raw = _section(data, "probe", PROBE_KEYS, path)
     tune_workload = data.get("tune_workload") or []
     if not isinstance(tune_workload, list) or not all(isinstance(k, str) for k in tune_workload):
@@ -186,7 +186,7 @@ def load_tune_yaml(path: Path | None) -> TuneYaml:
     search_raw = _section(data, "search", SEARCH_KEYS, path)
     budget_raw = _section(data, "budget", BUDGET_KEYS, path)
     try:
-        workload = Workload(**workload_raw)
+        workload = Workload(**Workload.expand_response_length(workload_raw))
         probe = ProbeBudget(**probe_raw)
         search = SearchOptions(**search_raw)
         budget = Budget(**budget_raw)

@@ -48,6 +48,12 @@ class Estimate:
     largest_fitting: dict  # knob -> (current value, largest value of its valid set that fits)
     host_node_gib: float = 0.0  # host RAM one node's workers need for what they offload
     host_per_gpu_gib: dict | None = None
+    # the memory above is at max_response_length (the search's gate); this is at the mean response length
+    response_max: int = 0
+    response_mean: float | None = None  # None: not given (every response is taken to run to the max)
+    typical_phase_peak_gib: dict | None = None
+    typical_fits: bool | None = None
+    mfu_actor_model_flops: float = 0.0  # the FLOPs the update really computes (LoRA: 4N, not verl's 6N)
     simulated: bool = True
 
     def as_dict(self) -> dict:
@@ -88,12 +94,35 @@ def estimate(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate
                 fitting.append(value)
         largest[knob] = {"current": getattr(cand, knob), "largest_fitting": max(fitting) if fitting else None}
     host = estimate_host_memory(model, workload, cand, layout, gpus_per_node=gpus_per_node, capacity_gib=None)
+    typical = None
+    if workload.mean_response_length is not None:
+        typical = estimate_memory(model, gpu, workload, cand, layout, typical=True)
     return Estimate(model=model.name, gpu=gpu.name, gpus_per_node=gpus_per_node, nodes=nodes, violations=violations,
                     capacity_gib=mem.capacity_gib, phase_peak_gib=mem.phase_peak_gib, components_gib=mem.components_gib,
                     kv_cache_gib=mem.kv_cache_gib, kv_cache_needed_gib=mem.kv_cache_needed_gib, fits=mem.fits,
                     phase_s=step.phase_s, step_s=step.step_s, tokens_per_s_per_gpu=step.tokens_per_s_per_gpu,
                     mfu_actor=step.mfu_actor, largest_fitting=largest, host_node_gib=host.node_gib,
-                    host_per_gpu_gib=host.per_gpu_gib)
+                    host_per_gpu_gib=host.per_gpu_gib, response_max=workload.max_response_length,
+                    response_mean=workload.mean_response_length,
+                    typical_phase_peak_gib=typical.phase_peak_gib if typical else None,
+                    typical_fits=typical.fits if typical else None,
+                    mfu_actor_model_flops=step.mfu_actor_model_flops)
+
+
+def memory_verdict(e: Estimate) -> str:
+    """One line: the verdict at max length (the gate) and, when a mean is given, at the mean."""
+    at_max = "fits" if e.fits else "PREDICTED OOM"
+    over = [p for p, gib in e.phase_peak_gib.items() if gib > e.capacity_gib]
+    if e.response_mean is None or e.typical_fits is None:
+        return (f"{at_max} with every response at max length {e.response_max} (no mean response length given; "
+                "set workload.response_length: {mean, max} for the typical case)")
+    if e.fits:
+        return f"fits at mean {e.response_mean:g} and with responses at max length {e.response_max}"
+    where = f" in {', '.join(over)}" if over else " (vLLM's KV cache)"
+    if e.typical_fits:
+        return (f"fits at mean {e.response_mean:g}; OOM if responses reach {e.response_max}{where} "
+                "(the search rejects it: it checks max length)")
+    return f"PREDICTED OOM at mean {e.response_mean:g} and at max length {e.response_max}{where}"
 
 
 def render(e: Estimate, source: str, unresolved: tuple[str, ...]) -> str:
@@ -106,18 +135,23 @@ def render(e: Estimate, source: str, unresolved: tuple[str, ...]) -> str:
         lines += [f"  {v['rule']}: {v['message']}  [{v['enforced_by']}: {v['source']}]" for v in e.violations]
     else:
         lines.append("verl's rules: all pass")
-    verdict = "fits" if e.fits else "PREDICTED OOM"
-    lines.append(f"memory per GPU (GiB), peak by phase, capacity {e.capacity_gib:.1f}: {verdict}")
+    lines.append(f"memory per GPU: {memory_verdict(e)}")
+    typical = e.typical_phase_peak_gib or {}
+    head = f"  peak by phase (GiB), capacity {e.capacity_gib:.1f}: at max length {e.response_max}"
+    lines.append(head + (f" | at mean {e.response_mean:g}" if typical else ""))
     for phase, gib in e.phase_peak_gib.items():
         flag = "  <-- over" if gib > e.capacity_gib else ""
-        lines.append(f"  {phase:14s} {gib:7.1f}{flag}")
+        mean_col = f" | {typical[phase]:7.1f}" if phase in typical else ""
+        lines.append(f"  {phase:14s} {gib:7.1f}{mean_col}{flag}")
     lines.append("  components: " + ", ".join(f"{k} {v:.1f}" for k, v in e.components_gib.items()))
     kv_flag = "" if e.kv_cache_gib >= e.kv_cache_needed_gib else "  <-- too small: vLLM will not start"
     lines.append(f"  vLLM KV cache {e.kv_cache_gib:.1f} GiB (one max-length sequence needs {e.kv_cache_needed_gib:.2f}){kv_flag}")
     lines.append(f"host memory per node {e.host_node_gib:.1f} GiB ({e.gpus_per_node} workers, each: "
                  + ", ".join(f"{k} {v:.1f}" for k, v in (e.host_per_gpu_gib or {}).items() if v >= 0.05) + ")")
     lines.append(f"time per step {e.step_s:.1f} s: " + ", ".join(f"{k} {v:.1f}" for k, v in e.phase_s.items())
-                 + f"; {e.tokens_per_s_per_gpu:.0f} tokens/s/GPU, actor MFU {e.mfu_actor:.3f}")
+                 + f"; {e.tokens_per_s_per_gpu:.0f} tokens/s/GPU, actor MFU {e.mfu_actor:.3f} as verl reports it"
+                 + (f" (model-FLOPs utilisation {e.mfu_actor_model_flops:.3f}: verl counts 6N FLOPs per token, "
+                    "LoRA's frozen base computes 4N)" if abs(e.mfu_actor_model_flops - e.mfu_actor) > 1e-9 else ""))
     lines.append("nearest fitting (largest value of each memory knob that fits, others as given):")
     for knob, v in e.largest_fitting.items():
         lines.append(f"  {knob:40s} now {v['current']!s:>8}  largest fitting {v['largest_fitting']!s:>8}")

@@ -6,7 +6,7 @@ train batch 1024 prompts, mini-batch 256, n=5, prompt 512 / response 1024, KL lo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from autotune.errors import ConfigError
 
@@ -21,6 +21,13 @@ class Workload:
     # Mean prompt length relative to max_prompt_length; GSM8K prompts with the chat template are
     # ~100-250 tokens against a 512 cap. Responses are fixed at max_response_length in probes.
     prompt_fill: float = 0.4
+    # Mean response length in tokens (verl's response_length/mean). None: every response runs to
+    # max_response_length, the conservative default and what the probes run. In tune.yaml also as
+    # `response_length: {mean: 680, max: 1024}`. The time model prices generation over the lengths (the step
+    # lasts until the longest response of a replica is done: max_response_length) and the training passes at
+    # the mean; memory is checked at max_response_length (a late long-response OOM is real: verl issue 1232)
+    # and `autotune estimate` also reports it at the mean.
+    mean_response_length: float | None = None
     ppo_epochs: int = 1
     use_kl_loss: bool = True  # GRPO's KL loss: needs a reference model and its log-prob pass
     lora_rank: int = 0
@@ -44,6 +51,11 @@ class Workload:
                               f"but got lora_target_modules={targets!r}")
         if not (isinstance(self.prompt_fill, (int, float)) and 0 < self.prompt_fill <= 1):
             raise ConfigError(f"workload.prompt_fill must be in (0, 1], but got prompt_fill={self.prompt_fill!r}")
+        mean = self.mean_response_length
+        if mean is not None and not (isinstance(mean, (int, float)) and not isinstance(mean, bool)
+                                     and 0 < mean <= self.max_response_length):
+            raise ConfigError(f"workload.mean_response_length must be in (0, max_response_length="
+                              f"{self.max_response_length}], but got mean_response_length={mean!r}")
         if self.ppo_mini_batch_size > self.train_batch_size:
             # verl ActorConfig.validate (workers/config/actor.py:222-243)
             raise ConfigError(f"train_batch_size ({self.train_batch_size}) must be >= actor.ppo_mini_batch_size "
@@ -55,8 +67,35 @@ class Workload:
         return self.max_prompt_length + self.max_response_length
 
     @property
+    def response_mean(self) -> float:
+        """Mean response length (tokens): max_response_length unless mean_response_length says otherwise."""
+        return float(self.max_response_length if self.mean_response_length is None else self.mean_response_length)
+
+    @property
     def mean_seq_len(self) -> float:
-        return self.prompt_fill * self.max_prompt_length + self.max_response_length
+        return self.prompt_fill * self.max_prompt_length + self.response_mean
+
+    def at_max_length(self) -> "Workload":
+        """The same job with every response at max_response_length: what memory is checked against."""
+        if self.mean_response_length is None:
+            return self
+        return replace(self, mean_response_length=None)
+
+    @staticmethod
+    def expand_response_length(raw: dict) -> dict:
+        """tune.yaml's `response_length: {mean, max}` as mean_response_length and max_response_length."""
+        if "response_length" not in raw:
+            return raw
+        out = {k: v for k, v in raw.items() if k != "response_length"}
+        spec = raw["response_length"]
+        if not isinstance(spec, dict) or not set(spec) <= {"mean", "max"} or not spec:
+            raise ConfigError(f"workload.response_length must be a mapping {{mean: ..., max: ...}}, but got "
+                              f"response_length={spec!r}")
+        if "max" in spec:
+            out["max_response_length"] = spec["max"]
+        if "mean" in spec:
+            out["mean_response_length"] = spec["mean"]
+        return out
 
     @property
     def trajectories_per_step(self) -> int:

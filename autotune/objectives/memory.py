@@ -271,8 +271,14 @@ def vllm_kv_cache_bytes(model: ModelSpec, gpu: GpuSpec, cand: Candidate,
 
 
 def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate,
-                    layout: ParallelLayout, *, constants: ModelConstants = DEFAULT_CONSTANTS) -> MemoryEstimate:
-    """Predicted peak per phase on the most loaded GPU, with the components of the worst phase."""
+                    layout: ParallelLayout, *, constants: ModelConstants = DEFAULT_CONSTANTS,
+                    typical: bool = False) -> MemoryEstimate:
+    """Predicted peak per phase on the most loaded GPU, with the components of the worst phase.
+
+    Checked with every response at max_response_length (the search's gate: no late long-response OOM, verl
+    issue 1232), or with `typical=True` at the workload's mean response length (what a run mostly sees)."""
+    if not typical:
+        workload = workload.at_max_length()
     k, act_c = constants, constants.activations
     state = actor_state_bytes(model, cand, layout, workload)
     overhead = k.system.cuda_context_gib * GIB + (k.system.nccl_buffers_gib * GIB if layout.world_size > 1 else 0.0)

@@ -259,8 +259,8 @@ def test_phase_correction_learns_a_uniformly_slower_machine(tmp_path):
     from autotune.objectives.sim import SimRunner
     from autotune.search.warmstart import PhaseCorrection
 
-    slow_decode = dc_replace(DEFAULT_CONSTANTS, rollout=dc_replace(DEFAULT_CONSTANTS.rollout,
-                                                                   decode_hbm_efficiency=0.375))
+    slow_decode = dc_replace(DEFAULT_CONSTANTS, rollout=dc_replace(  # half the model's decode bandwidth
+        DEFAULT_CONSTANTS.rollout, decode_hbm_efficiency=DEFAULT_CONSTANTS.rollout.decode_hbm_efficiency / 2))
     cfg = _cfg(tmp_path, trials=4, search=SearchOptions(warm_start=2))
     study = run_study(cfg, SimRunner(constants=slow_decode))
     factors = PhaseCorrection.from_study(study, cfg).factors
