@@ -9,7 +9,7 @@ from autotune.hardware import GpuSpec
 from autotune.models import ModelSpec
 from autotune.objectives.memory import estimate_memory
 from autotune.spaces.candidate import Candidate
-from autotune.spaces.constraints import check
+from autotune.verl.rules import check
 from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import default_domains
 from autotune.workload import Workload

@@ -27,7 +27,7 @@ from autotune.objectives.calibration import DEFAULT_CONSTANTS, ModelConstants
 from autotune.objectives.cost import estimate_step_time
 from autotune.objectives.memory import estimate_memory
 from autotune.spaces.candidate import Candidate
-from autotune.spaces.constraints import check
+from autotune.verl.rules import check
 from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import DYNAMIC_ONLY, FSDP_ONLY, MEGATRON_ONLY, STATIC_ONLY, SearchSpace
 from autotune.workload import Workload

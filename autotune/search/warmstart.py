@@ -20,7 +20,7 @@ from autotune.objectives.host_memory import estimate_host_memory
 from autotune.objectives.memory import estimate_memory
 from autotune.search.prescreen import MemoryGate, memory_ratio
 from autotune.spaces.candidate import Candidate
-from autotune.spaces.constraints import check
+from autotune.verl.rules import check
 from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import SearchSpace
 from autotune.workload import Workload

@@ -12,7 +12,7 @@ from autotune.objectives.cost import estimate_step_time
 from autotune.objectives.memory import estimate_memory
 from autotune.search.optimum import _values, exact_optimum
 from autotune.spaces.candidate import Candidate
-from autotune.spaces.constraints import check
+from autotune.verl.rules import check
 from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import SearchSpace
 from autotune.workload import Workload

@@ -11,11 +11,11 @@ import yaml
 
 from autotune.estimate import estimate
 from autotune.hardware import get_gpu
-from autotune.job_import import user_job
-from autotune.knobs import WORKLOAD_BY_KEY, kind_of
-from autotune.launch_script import import_launch_script
+from autotune.verl.job_import import user_job
+from autotune.verl.keys import WORKLOAD_BY_KEY, kind_of
+from autotune.verl.launch_script import import_launch_script
 
-EXAMPLES = Path(__file__).parent / "data" / "verl_examples"
+EXAMPLES = Path(__file__).parents[1] / "data" / "verl_examples"
 SCRIPTS = sorted(EXAMPLES.glob("*.sh"))
 # scripts whose model path is not readable statically (or is wrong in verl's own file), and the model to use
 MODEL_FOR = {"qwen2-70b_grpo_32_h20_fsdp_vllm.sh": "qwen2.5-72b"}  # verl's script says model.path=model_path
@@ -135,7 +135,7 @@ def test_run_from_a_script_measures_the_users_config_first(tuned):
 @pytest.mark.verl
 def test_workload_values_are_identical_before_and_after_tuning(tuned):
     from autotune.errors import ConfigError
-    from autotune.storage.verl_config import compose_exported, compose_overrides, select
+    from autotune.verl.compose import compose_exported, compose_overrides, select
 
     script, out, _ = tuned
     imported = import_launch_script(script, {"HOME": "/home/user"})

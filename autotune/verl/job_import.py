@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from autotune.errors import ConfigError
-from autotune.knobs import ARO, JOB_KEYS, SYSTEM_BY_KEY, WORKLOAD_BY_KEY, kind_of
+from autotune.verl.keys import ARO, JOB_KEYS, SYSTEM_BY_KEY, WORKLOAD_BY_KEY, kind_of
 from autotune.models import ModelSpec, get_model
 from autotune.spaces.candidate import Candidate
 from autotune.workload import Workload

@@ -1,4 +1,4 @@
-"""verl 0.9.1's startup rules (autotune/spaces/constraints.py) against real model shapes.
+"""verl 0.9.1's startup rules (autotune/verl/rules.py) against real model shapes.
 
 Every rule in `constraints.RULES` has at least one case below: a candidate that breaks it (the rule
 id appears, with verl's or the engine's own wording) and a close neighbour that differs in one knob
@@ -15,7 +15,7 @@ import pytest
 
 from autotune.models import MODELS, get_model
 from autotune.spaces.candidate import Candidate
-from autotune.spaces.constraints import RULES, CheckContext, Violation, check
+from autotune.verl.rules import RULES, CheckContext, Violation, check
 from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import verl_default_candidate
 from autotune.workload import Workload
