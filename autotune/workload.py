@@ -23,6 +23,8 @@ class Workload:
     prompt_fill: float = 0.4
     ppo_epochs: int = 1
     use_kl_loss: bool = True  # GRPO's KL loss: needs a reference model and its log-prob pass
+    # KL penalty in the reward (algorithm.use_kl_in_reward): also needs the reference (autotune/verl/roles.py)
+    use_kl_in_reward: bool = False
     lora_rank: int = 0
     # LoRA target modules as verl takes them (model.target_modules): "all-linear" or projection names
     lora_target_modules: str | list = "all-linear"

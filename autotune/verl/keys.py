@@ -45,7 +45,7 @@ WORKLOAD_KNOBS = (
     Knob(f"{ARO}.model.lora_alpha", None, "hf_model.yaml lora_alpha"),
     Knob(f"{ARO}.model.target_modules", "lora_target_modules", "hf_model.yaml target_modules (LoRA)"),
     Knob("algorithm.adv_estimator", None, "ppo_trainer.yaml:78"),
-    Knob("algorithm.use_kl_in_reward", None, "ppo_trainer.yaml:102"),
+    Knob("algorithm.use_kl_in_reward", "use_kl_in_reward", "ppo_trainer.yaml:102; also decides whether a reference model runs"),
     Knob("algorithm.norm_adv_by_std_in_grpo", None, "ppo_trainer.yaml (Dr.GRPO sets False)"),
     Knob(f"{ARO}.rollout.temperature", None, "rollout.yaml:17; sampling changes the data"),
 )

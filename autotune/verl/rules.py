@@ -23,6 +23,10 @@ class Violation:
     message: str
     enforced_by: str  # verl | vllm | megatron-core | autotune
     source: str
+    # "config": verl refuses it at start-up from the config alone (validate_config, the config dataclasses, the
+    # worker's asserts before any engine starts; autotune/verl/judge.py runs exactly these on CPU);
+    # "worker": an engine, vLLM or the first step refuses it (needs GPUs; docs/verl-judge.md)
+    stage: str = "worker"
 
     def __str__(self) -> str:
         return f"{self.rule}: {self.message}"
@@ -45,8 +49,8 @@ def rule(fn: Rule) -> Rule:
     return fn
 
 
-def _v(rule_id: str, message: str, enforced_by: str, source: str) -> Violation:
-    return Violation(rule=rule_id, message=message, enforced_by=enforced_by, source=source)
+def _v(rule_id: str, message: str, enforced_by: str, source: str, *, stage: str = "worker") -> Violation:
+    return Violation(rule=rule_id, message=message, enforced_by=enforced_by, source=source, stage=stage)
 
 
 # ---- world size and parallel layout -------------------------------------------------------------
@@ -61,7 +65,9 @@ def world_divisible_by_model_parallel(ctx: CheckContext) -> Violation | None:
         return None
     return _v("world_divisible_by_model_parallel",
               f"n_gpus ({n}) must be divisible by model_parallel_size ({mp}) times context_parallel_size ({c.actor_cp})",
-              "verl", "verl/utils/config.py:109-114 (validate_config)")
+              "verl", "verl/utils/config.py:109-114 (validate_config)",
+              # validate_config checks it in static batching only; Megatron's init refuses it either way
+              stage="worker" if c.use_dynamic_bsz else "config")
 
 
 @rule
@@ -84,7 +90,7 @@ def real_train_batch_divisible(ctx: CheckContext) -> Violation | None:
         return None
     return _v("real_train_batch_divisible",
               f"real_train_batch_size ({real}) must be divisible by minimal possible batch size ({minimal_bsz})",
-              "verl", "verl/utils/config.py:118-127 (validate_config)")
+              "verl", "verl/utils/config.py:118-127 (validate_config)", stage="config")
 
 
 @rule
@@ -144,7 +150,7 @@ def rollout_world_divisible(ctx: CheckContext) -> Violation | None:
     if n % tp == 0:
         return None
     return _v("rollout_world_divisible", f"rollout world_size: {n} is not divisible by infer_world_size: {tp}",
-              "verl", "verl/workers/engine_workers.py:652-661")
+              "verl", "verl/workers/engine_workers.py:652-661", stage="config")
 
 
 @rule
@@ -339,7 +345,7 @@ def ulysses_needs_remove_padding(ctx: CheckContext) -> Violation | None:
         return None
     return _v("ulysses_needs_remove_padding",
               "When using sequence parallelism for actor/ref policy, you must enable `use_remove_padding`.",
-              "verl", "verl/workers/config/actor.py:331-341 (FSDPActorConfig.validate)")
+              "verl", "verl/workers/config/actor.py:331-341 (FSDPActorConfig.validate)", stage="config")
 
 
 # ---- dynamic batch size ---------------------------------------------------------------------------
