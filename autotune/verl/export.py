@@ -16,118 +16,55 @@ import yaml
 
 from autotune.models import ModelSpec
 from autotune.spaces.candidate import Candidate
+from autotune.verl.keys import ADDED_KEYS, OTC, TABLE, Job, engine_of
 from autotune.workload import Workload
 
-ARO = "actor_rollout_ref"
-# Keys that are not in verl's schema and are added on purpose (Hydra needs "+" on the command line).
-ADDED_KEYS = ("ray_kwargs.ray_init.runtime_env.env_vars.CUDA_DEVICE_MAX_CONNECTIONS",)
 VERL_CONFIG_SEARCHPATH = "pkg://verl.trainer.config"
 # Characters Hydra's override grammar accepts unquoted in a value; anything else is quoted.
 _HYDRA_BARE = re.compile(r"^[A-Za-z0-9_./@-]+$")
+_RECOMPUTE_KEYS = tuple(f"{OTC}.{leaf}" for leaf in ("recompute_granularity", "recompute_method",
+                                                      "recompute_num_layers", "recompute_modules"))
 
 
-def workload_overrides(model: ModelSpec, workload: Workload, *, gpus_per_node: int, nodes: int) -> dict:
+def _rows(job: Job, kinds: tuple[str, ...]) -> dict:
+    return {k.verl_key: k.value(job) for k in TABLE
+            if k.kind in kinds and k.verl_key != "model_engine" and (k.field or k.to_verl) and k.applies(job)}
+
+
+def workload_overrides(model: ModelSpec, workload: Workload, *, gpus_per_node: int, nodes: int,
+                       candidate: Candidate | None = None) -> dict:
     """The user's job: held fixed by the tuner, emitted so the export runs the same workload."""
-    out = {
-        "algorithm.adv_estimator": "grpo",
-        "data.train_files": workload.train_files,
-        "data.val_files": workload.val_files,
-        "data.train_batch_size": workload.train_batch_size,
-        "data.max_prompt_length": workload.max_prompt_length,
-        "data.max_response_length": workload.max_response_length,
-        f"{ARO}.model.path": model.hf_id,
-        f"{ARO}.actor.ppo_mini_batch_size": workload.ppo_mini_batch_size,
-        f"{ARO}.actor.ppo_epochs": workload.ppo_epochs,
-        f"{ARO}.actor.use_kl_loss": workload.use_kl_loss,
-        f"{ARO}.rollout.name": "vllm",
-        f"{ARO}.rollout.n": workload.rollout_n,
-        "trainer.n_gpus_per_node": gpus_per_node,
-        "trainer.nnodes": nodes,
-    }
-    if workload.lora_rank:
-        out[f"{ARO}.model.lora_rank"] = workload.lora_rank
-        out[f"{ARO}.model.target_modules"] = workload.lora_target_modules
-    return out
+    job = Job(workload, candidate or Candidate(), model.hf_id, gpus_per_node, nodes)
+    return _rows(job, ("workload", "job"))
 
 
-def candidate_overrides(c: Candidate, *, use_kl_loss: bool = True) -> dict:
-    """The speed/memory knobs the study chose, as verl keys."""
-    a, r, ref, m = f"{ARO}.actor", f"{ARO}.rollout", f"{ARO}.ref", f"{ARO}.model"
-    out: dict = {
-        f"{r}.tensor_model_parallel_size": c.rollout_tp,
-        f"{r}.gpu_memory_utilization": round(c.gpu_memory_utilization, 4),
-        f"{r}.max_num_seqs": c.max_num_seqs,
-        f"{r}.max_num_batched_tokens": c.max_num_batched_tokens,
-        f"{r}.enable_chunked_prefill": c.enable_chunked_prefill,
-        f"{m}.use_remove_padding": c.use_remove_padding,
-        f"{a}.use_dynamic_bsz": c.use_dynamic_bsz,
-        # must equal actor.use_dynamic_bsz (bare assert, workers/engine_workers.py:616-637)
-        f"{r}.log_prob_use_dynamic_bsz": c.use_dynamic_bsz,
-    }
-    if use_kl_loss:
-        out[f"{ref}.log_prob_use_dynamic_bsz"] = c.use_dynamic_bsz
-    if c.use_dynamic_bsz:
-        out[f"{a}.ppo_max_token_len_per_gpu"] = c.ppo_max_token_len_per_gpu
-        out[f"{r}.log_prob_max_token_len_per_gpu"] = c.log_prob_max_token_len_per_gpu
-        if use_kl_loss:
-            out[f"{ref}.log_prob_max_token_len_per_gpu"] = c.log_prob_max_token_len_per_gpu
-    else:
-        out[f"{a}.ppo_micro_batch_size_per_gpu"] = c.ppo_micro_batch_size_per_gpu
-        out[f"{r}.log_prob_micro_batch_size_per_gpu"] = c.log_prob_micro_batch_size_per_gpu
-        if use_kl_loss:
-            out[f"{ref}.log_prob_micro_batch_size_per_gpu"] = c.ref_log_prob_micro_batch_size_per_gpu
-    if c.is_megatron:
-        meg = f"{a}.megatron"
-        out.update({
-            f"{meg}.tensor_model_parallel_size": c.actor_tp,
-            f"{meg}.pipeline_model_parallel_size": c.actor_pp,
-            f"{meg}.virtual_pipeline_model_parallel_size": c.actor_vpp if c.actor_vpp > 1 else None,
-            f"{meg}.context_parallel_size": c.actor_cp,
-            f"{meg}.expert_model_parallel_size": c.actor_ep,
-            f"{meg}.expert_tensor_parallel_size": c.actor_etp,
-            f"{meg}.param_offload": c.param_offload,
-            f"{meg}.optimizer_offload": c.optimizer_offload,
-            # Megatron's checkpointing switch (hf_model.enable_gradient_checkpointing is FSDP-only)
-            f"{meg}.override_transformer_config.recompute_granularity": "full" if c.gradient_checkpointing else None,
-            f"{meg}.override_transformer_config.recompute_method": "uniform" if c.gradient_checkpointing else None,
-            f"{meg}.override_transformer_config.recompute_num_layers": 1 if c.gradient_checkpointing else None,
-        })
-        if use_kl_loss:
-            out[f"{ref}.megatron.param_offload"] = c.ref_param_offload
-        if c.cuda_device_max_connections:
-            out[ADDED_KEYS[0]] = str(c.cuda_device_max_connections)
-        return out
-    out.update({
-        f"{a}.strategy": c.actor_engine,
-        f"{a}.fsdp_config.param_offload": c.param_offload,
-        f"{a}.fsdp_config.optimizer_offload": c.optimizer_offload,
-        f"{a}.fsdp_config.ulysses_sequence_parallel_size": c.ulysses_sp,
-        # the deprecated alias feeds ref.ulysses_sequence_parallel_size through oc.select (dp_ref.yaml:39)
-        f"{a}.ulysses_sequence_parallel_size": c.ulysses_sp,
-        # the FSDP engine reads fsdp_config.use_torch_compile (engine/fsdp/transformer_impl.py:183-187);
-        # actor.use_torch_compile feeds ref.use_torch_compile (ref.yaml:9)
-        f"{a}.fsdp_config.use_torch_compile": c.use_torch_compile,
-        f"{a}.use_torch_compile": c.use_torch_compile,
-        f"{m}.enable_gradient_checkpointing": c.gradient_checkpointing,
-        f"{m}.enable_activation_offload": c.activation_offload,
-        # read by the FSDP engine only (engine/fsdp/transformer_impl.py:307); the actor and the reference
-        # are built from this one model config
-        f"{m}.use_liger": c.use_liger,
-    })
-    if use_kl_loss:
-        out[f"{ref}.fsdp_config.param_offload"] = c.ref_param_offload
-    return out
+def candidate_overrides(c: Candidate, workload: Workload | None = None) -> dict:
+    """The speed/memory knobs the study chose, and what verl needs consistent with them, as verl keys."""
+    job = Job(workload or Workload(), c, "", 0, 0)
+    return _rows(job, ("knob", "derived"))
 
 
 def verl_overrides(model: ModelSpec, workload: Workload, candidate: Candidate, *, gpus_per_node: int,
                    nodes: int, passthrough: dict | None = None) -> dict:
-    """The user's other keys first (unchanged), then the workload, then the chosen system knobs."""
-    out = dict(passthrough or {})
-    for key, value in workload_overrides(model, workload, gpus_per_node=gpus_per_node, nodes=nodes).items():
-        # the user's own value wins (a local model folder, another advantage estimator or rollout engine);
-        # keys that map to Workload fields never reach passthrough, their values are the user's already
-        out.setdefault(key, value)
-    out.update(candidate_overrides(candidate, use_kl_loss=workload.use_kl_loss))
+    """The user's other keys first (unchanged), then the workload, then the chosen system knobs.
+
+    Generated from the key table (autotune/verl/keys.py). The user's keys of the engine the candidate does not
+    run are dropped (verl's config dataclasses refuse them); the user's own Megatron recompute settings are kept
+    while checkpointing stays on."""
+    engine = "megatron" if candidate.is_megatron else "fsdp"
+    user = {k: v for k, v in (passthrough or {}).items() if engine_of(k) in (None, engine)}
+    out = dict(user)
+    job = Job(workload, candidate, model.hf_id, gpus_per_node, nodes)
+    user_recompute = candidate.is_megatron and candidate.gradient_checkpointing and \
+        user.get(f"{OTC}.recompute_granularity") is not None
+    for key in TABLE:
+        if key.verl_key == "model_engine" or not (key.field or key.to_verl) or not key.applies(job):
+            continue
+        if key.user_wins and key.verl_key in user:
+            continue  # the user's own value (a local model folder, another estimator or rollout engine)
+        if user_recompute and key.verl_key in _RECOMPUTE_KEYS:
+            continue
+        out[key.verl_key] = key.value(job)
     return out
 
 
@@ -186,8 +123,15 @@ def best_yaml_text(overrides: dict, engine: str, header: list[str]) -> str:
     if engine != "dp":
         defaults.append({"override model_engine": engine})
     defaults.append("_self_")
-    doc = {"hydra": {"searchpath": [VERL_CONFIG_SEARCHPATH]}, "defaults": defaults}
-    doc.update(nest(overrides))
+    body = nest(overrides)
+    # a user's hydra.* keys (hydra.run.dir=...) join the hydra block; verl's config search path stays in it,
+    # or `--config-name=best` could not find ppo_trainer
+    hydra = body.pop("hydra", {})
+    searchpath = hydra.get("searchpath") or []
+    searchpath = list(searchpath) if isinstance(searchpath, (list, tuple)) else [searchpath]
+    hydra["searchpath"] = searchpath + [VERL_CONFIG_SEARCHPATH] * (VERL_CONFIG_SEARCHPATH not in searchpath)
+    doc = {"hydra": hydra, "defaults": defaults}
+    doc.update(body)
     body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
     return "".join(f"# {line}\n" if line else "#\n" for line in header) + body
 
