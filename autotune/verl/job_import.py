@@ -13,7 +13,8 @@ from dataclasses import dataclass, fields, replace
 from autotune.errors import ConfigError
 from autotune.models import ModelSpec, get_model
 from autotune.spaces.candidate import Candidate
-from autotune.verl.keys import ARO, BY_KEY, DEPRECATED_GLOBAL_MICRO, JOB_KEYS, OTC, WORKLOAD_FIELDS, active_knobs_for
+from autotune.verl.keys import (ARO, BY_KEY, DEPRECATED_GLOBAL_MICRO, JOB_KEYS, NOT_IN_VERL, OTC, WORKLOAD_FIELDS,
+                                active_knobs_for)
 from autotune.workload import Workload
 
 
@@ -104,8 +105,12 @@ def user_job(imported, *, model_name: str | None = None) -> UserJob:
     megatron = candidate_changes.get("actor_engine") == "megatron"
     bare_values = {key.lstrip("+"): value for key, value in values.items()}
     field_keys: dict[str, list] = {}  # candidate field -> the user's (key, value) it came from
+    unreadable = []  # every key whose value cannot be read statically, reported at once
     for key, value in values.items():
         bare = key.lstrip("+")
+        if bare in NOT_IN_VERL:
+            unresolved.append(f"{bare} ({NOT_IN_VERL[bare]}; dropped)")
+            continue
         row = BY_KEY.get(bare)
         if row is None or bare in JOB_KEYS or bare in DEPRECATED_GLOBAL_MICRO or bare == "model_engine":
             if row is None and bare not in DEPRECATED_GLOBAL_MICRO:
@@ -130,9 +135,19 @@ def user_job(imported, *, model_name: str | None = None) -> UserJob:
             if not megatron:
                 target[row.field] = value
             continue
-        target[row.field] = _typed(row.field, key, value)
+        try:
+            target[row.field] = _typed(row.field, key, value)
+        except ConfigError as exc:
+            unreadable.append((key, str(exc)))
+            continue
         if target is candidate_changes:
             field_keys.setdefault(row.field, []).append((bare, values[key]))
+    if unreadable:
+        shell = [k for k, msg in unreadable if "not readable statically" in msg]
+        other = [msg for k, msg in unreadable if "not readable statically" not in msg]
+        parts = ([f"not readable statically: {', '.join(shell)}; give their values after --, e.g. -- "
+                  + " ".join(f"{k}=VALUE" for k in shell)] if shell else []) + other
+        raise ConfigError(f"{imported.source}: " + "; ".join(parts))
     if megatron:
         # verl's Megatron defaults where the script is silent: no recompute (engine/megatron.yaml:75), expert TP
         # = TP (megatron.yaml:17 null; megatron-core uses TP)

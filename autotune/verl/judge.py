@@ -134,6 +134,18 @@ SETUPS = {
 }
 
 
+class _LazyComposer:
+    def __call__(self, overrides):
+        from autotune.verl.compose import Composer
+
+        if not hasattr(self, "_composer"):
+            self._composer = Composer()
+        return self._composer(overrides)
+
+
+_COMPOSER = _LazyComposer()
+
+
 def our_config_verdict(model, workload, candidate, *, gpus_per_node: int, nodes: int) -> list:
     """Our rules that verl checks at start-up on the config alone (Violation.stage == "config")."""
     from autotune.spaces.layout import ParallelLayout
@@ -145,14 +157,19 @@ def our_config_verdict(model, workload, candidate, *, gpus_per_node: int, nodes:
 
 def sample_setup(name: str, n_candidates: int, *, seed: int = 0):
     """(model, workload, gpus_per_node, nodes, [candidates]) drawn at random from the setup's search space."""
-    import optuna
-
     from autotune.models import get_model
-    from autotune.spaces.space import SearchSpace
     from autotune.workload import Workload
 
     model_name, gpn, nodes, changes, fixed = SETUPS[name]
     model, workload = get_model(model_name), Workload(**changes)
+    return model, workload, gpn, nodes, sample_space(model, workload, gpn, nodes, fixed, n_candidates, seed=seed)
+
+
+def sample_space(model, workload, gpn: int, nodes: int, fixed: dict, n_candidates: int, *, seed: int = 0) -> list:
+    import optuna
+
+    from autotune.spaces.space import SearchSpace
+
     space = SearchSpace.build(model, workload, gpus_per_node=gpn, nodes=nodes, fixed=fixed)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
@@ -162,21 +179,39 @@ def sample_setup(name: str, n_candidates: int, *, seed: int = 0):
         candidate, wl = space.suggest(trial, workload)
         study.tell(trial, 0.0)
         candidates.append(candidate)
-    return model, workload, gpn, nodes, candidates
+    return candidates
 
 
 def judge_setup(name: str, n_candidates: int, *, seed: int = 0) -> list[dict]:
     """One row per candidate: what our rules say, what verl says, and whether they agree."""
+    model, workload, gpn, nodes, candidates = sample_setup(name, n_candidates, seed=seed)
+    return judge_candidates(name, model, workload, gpn, nodes, candidates)
+
+
+def judge_script(path, n_candidates: int, *, seed: int = 0, model_name: str | None = None) -> list[dict]:
+    """A verl launch script as the user's job (`--from`): its own configuration, then candidates from its space,
+    both engines, each exported with the script's other keys passed through."""
+    from autotune.verl.job_import import user_job
+    from autotune.verl.launch_script import import_launch_script
+
+    job = user_job(import_launch_script(path, {"HOME": "/home/user"}), model_name=model_name)
+    gpn, nodes = job.gpus_per_node or 8, job.nodes or 1
+    candidates = [job.baseline] + sample_space(job.model, job.workload, gpn, nodes, {}, n_candidates - 1, seed=seed)
+    return judge_candidates(f"script:{path.name}", job.model, job.workload, gpn, nodes, candidates,
+                            passthrough=job.passthrough)
+
+
+def judge_candidates(name: str, model, workload, gpn: int, nodes: int, candidates, *,
+                     passthrough: dict | None = None) -> list[dict]:
     from autotune.errors import ConfigError
-    from autotune.verl.compose import Composer
     from autotune.verl.export import hydra_overrides, model_engine, verl_overrides
 
-    model, workload, gpn, nodes, candidates = sample_setup(name, n_candidates, seed=seed)
-    compose = Composer()
+    compose = _COMPOSER
     rows = []
     for candidate in candidates:
         ours = our_config_verdict(model, workload, candidate, gpus_per_node=gpn, nodes=nodes)
-        overrides = verl_overrides(model, workload, candidate, gpus_per_node=gpn, nodes=nodes)
+        overrides = verl_overrides(model, workload, candidate, gpus_per_node=gpn, nodes=nodes,
+                                   passthrough=passthrough)
         try:
             theirs = verdict_config(compose(hydra_overrides(overrides, model_engine(candidate))))
         except ConfigError as exc:

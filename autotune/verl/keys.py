@@ -268,6 +268,15 @@ DEPRECATED_GLOBAL_MICRO = {
     f"{REF}.log_prob_micro_batch_size": "ref_log_prob_micro_batch_size_per_gpu",
 }
 
+# Keys older verl scripts set that verl 0.9.1's config does not have: Hydra refuses them ("Could not override"),
+# so `--from` drops them and says so.
+NOT_IN_VERL = {
+    f"{MEG}.grad_offload": "removed in verl 0.9.1; param_offload also releases the gradient buffers "
+                           f"({CONFIG}/engine/megatron.yaml:4-5)",
+    f"{REF}.megatron.grad_offload": "removed in verl 0.9.1",
+    f"{A}.model_engine": f"not a verl key; the engine is the top-level group model_engine ({CONFIG}/ppo_trainer.yaml:9)",
+}
+
 BY_KEY = {k.verl_key: k for k in TABLE}
 WORKLOAD_BY_KEY = {k.verl_key: k for k in TABLE if k.kind == "workload"}
 SYSTEM_BY_KEY = {k.verl_key: k for k in TABLE if k.kind in ("knob", "derived")}
