@@ -71,14 +71,15 @@ def _lora_rank_check_without_vllm() -> None:
     sys.modules[name] = module
 
 
-def verdict_config(config) -> str | None:
-    """None when verl's start-up checks pass on this composed config; otherwise verl's reason."""
+def verdict_config(config, *, private: bool = False) -> str | None:
+    """None when verl's start-up checks pass on this composed config; otherwise verl's reason. `private`: the
+    config is the caller's own copy, which the worker's renames may edit."""
     from omegaconf import open_dict
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
     _lora_rank_check_without_vllm()
-    config = copy.deepcopy(config)  # a private copy: the worker's renames edit it
+    config = config if private else copy.deepcopy(config)  # the worker's renames edit it
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
@@ -213,9 +214,67 @@ def judge_candidates(name: str, model, workload, gpn: int, nodes: int, candidate
         overrides = verl_overrides(model, workload, candidate, gpus_per_node=gpn, nodes=nodes,
                                    passthrough=passthrough)
         try:
-            theirs = verdict_config(compose(hydra_overrides(overrides, model_engine(candidate))))
+            theirs = verdict_config(compose(hydra_overrides(overrides, model_engine(candidate))), private=True)
         except ConfigError as exc:
             theirs = str(exc)
         rows.append({"setup": name, "candidate": candidate, "ours": [str(v) for v in ours], "verl": theirs,
                      "agree": (not ours) == (theirs is None)})
     return rows
+
+
+def _run_task(task: tuple) -> list[dict]:
+    kind, name, n, seed = task
+    if kind == "setup":
+        return judge_setup(name, n, seed=seed)
+    from pathlib import Path
+    return judge_script(Path(name), n, seed=seed, model_name=SCRIPT_MODELS.get(Path(name).name))
+
+
+# verl's own example scripts whose model path is not a known model as written (verl's script says model_path)
+SCRIPT_MODELS = {"qwen2-70b_grpo_32_h20_fsdp_vllm.sh": "qwen2.5-72b"}
+
+
+def run(tasks: list[tuple], *, processes: int = 2) -> list[dict]:
+    """Judge ("setup", name, n, seed) and ("script", path, n, seed) tasks over `processes` worker processes
+    (each composes and validates on its own; verl is imported once before the fork)."""
+    import multiprocessing
+
+    import verl.utils.config  # noqa: F401  (imported once, inherited by the workers)
+    import verl.trainer.ppo.utils  # noqa: F401
+
+    if processes <= 1:
+        return [row for task in tasks for row in _run_task(task)]
+    with multiprocessing.get_context("fork").Pool(processes) as pool:
+        return [row for rows in pool.map(_run_task, tasks, chunksize=1) for row in rows]
+
+
+def importable_scripts(folder) -> list:
+    """The launch scripts of `folder` that `--from` imports (the others say why in one line)."""
+    from pathlib import Path
+
+    from autotune.errors import ConfigError
+    from autotune.verl.job_import import user_job
+    from autotune.verl.launch_script import import_launch_script
+
+    out = []
+    for path in sorted(Path(folder).glob("*.sh")):
+        try:
+            user_job(import_launch_script(path, {"HOME": "/home/user"}), model_name=SCRIPT_MODELS.get(path.name))
+        except ConfigError:
+            continue
+        out.append(path)
+    return out
+
+
+def tasks(examples_folder, per_setup: int, per_script: int, seed: int = 0) -> list[tuple]:
+    """Every setup of SETUPS, then every importable verl example script (its own baseline first)."""
+    out = [("setup", name, per_setup, seed) for name in SETUPS]
+    out += [("script", str(path), per_script, seed) for path in importable_scripts(examples_folder)]
+    return out
+
+
+def summary(rows: list[dict]) -> dict:
+    return {"candidates": len(rows), "setups": len({r["setup"] for r in rows}),
+            "verl_refused": sum(r["verl"] is not None for r in rows),
+            "rules_refused": sum(bool(r["ours"]) for r in rows),
+            "disagreements": sum(not r["agree"] for r in rows)}
