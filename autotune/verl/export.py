@@ -1,9 +1,9 @@
-"""One mapping from (workload, candidate) to verl 0.9.1 Hydra keys, and the best.yaml writer.
+"""From (workload, candidate) to verl 0.9.1 Hydra keys, generated from the key table (autotune/verl/keys.py), and
+the best.yaml writer.
 
 The same overrides feed a probe's command line (verl backend) and the exported best.yaml, so what was
-probed is what is exported. Keys were checked against verl 0.9.1's configs (tests compose them with
-verl's real Hydra config, which rejects unknown keys). Keys removed in 0.9.x (Megatron grad_offload)
-are never emitted.
+probed is what is exported. tests/verl/test_judge.py runs verl's own start-up checks on them; keys removed in
+0.9.x (Megatron grad_offload) are never emitted.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """From the user's own verl job (a launch script or a YAML config) to autotune's terms.
 
-The imported job is split with the knob table (autotune/knobs.py): workload values become the Workload
-held fixed, system values become the baseline Candidate (measured first), the GPU count comes from the
-trainer keys, and every other key is passed through to the export unchanged, typed exactly as Hydra
-would type the override. Anything that cannot be read statically is reported by name.
+The imported job is split with the key table (autotune/verl/keys.py: each row's field and `from_verl`
+conversion): workload values become the Workload held fixed, system values become the baseline Candidate
+(measured first), the GPU count comes from the trainer keys, and every other key is passed through to the
+export, typed exactly as Hydra would type the override. Anything that cannot be read statically is reported
+by name, every such key in one error.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def _typed(field: str, key: str, value):
 
 
 def user_job(imported, *, model_name: str | None = None) -> UserJob:
-    """Split an ImportedJob (autotune/launch_script.py) into workload, baseline and passthrough."""
+    """Split an ImportedJob (autotune/verl/launch_script.py) into workload, baseline and passthrough."""
     unresolved = list(imported.unresolved)
     values = {}
     for k, v in imported.overrides.items():
