@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import sys
 import types
-from dataclasses import replace
 
 import pytest
 import yaml
 
-from autotune.estimate import estimate
 from autotune.hardware import detect_gpus, get_gpu, visible_device_ids
 from autotune.models import get_model
 from autotune.objectives.memory import effective_batched_tokens, estimate_memory
