@@ -210,8 +210,8 @@ def load_user_job(path: Path, overrides: list[str], model_name: str | None):
     """The user's own verl job (launch script or YAML), plus Hydra overrides given after --."""
     from dataclasses import replace
 
-    from autotune.job_import import user_job
-    from autotune.launch_script import import_config_yaml, import_launch_script
+    from autotune.verl.job_import import user_job
+    from autotune.verl.launch_script import import_config_yaml, import_launch_script
 
     path = Path(path).expanduser()
     imported = import_config_yaml(path) if path.suffix in (".yaml", ".yml") else import_launch_script(path, os.environ)
@@ -335,7 +335,7 @@ def cmd_train(args) -> int:
     import shlex
 
     from autotune.objectives.process import run_in_process_group
-    from autotune.objectives.verl_metrics import parse_console_line
+    from autotune.verl.metrics import parse_console_line
     from autotune.objectives.verl_runner import train_command
 
     config = args.config.expanduser()

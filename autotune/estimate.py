@@ -12,7 +12,7 @@ from autotune.objectives.cost import estimate_step_time
 from autotune.objectives.host_memory import estimate_host_memory
 from autotune.objectives.memory import estimate_memory
 from autotune.spaces.candidate import Candidate
-from autotune.spaces.constraints import check
+from autotune.verl.rules import check
 from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import default_domains
 from autotune.workload import Workload

@@ -99,8 +99,41 @@ class DetectedGpus:
     driver: str
 
 
-def detect_gpus() -> DetectedGpus | None:
-    """GPUs visible to this process via NVML; None when NVML or a GPU is absent."""
+def visible_device_ids(environ=None) -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES as CUDA reads it: None when unset (every GPU), else the listed indices or UUIDs in
+    order, cut at the first entry that is empty or not an index/UUID (CUDA ignores it and what follows:
+    https://docs.nvidia.com/cuda/cuda-c-programming-guide/#cuda-environment-variables). NVML itself ignores
+    the variable, so Slurm and container jobs would otherwise see the whole node."""
+    environ = os.environ if environ is None else environ
+    text = environ.get("CUDA_VISIBLE_DEVICES")
+    if text is None:
+        return None
+    ids = []
+    for entry in (e.strip() for e in text.split(",")):
+        if not (entry.isdigit() or entry.startswith(("GPU-", "MIG-"))):
+            break
+        ids.append(entry)
+    return ids
+
+
+def _visible_handles(pynvml, environ=None) -> list:
+    ids = visible_device_ids(environ)
+    count = pynvml.nvmlDeviceGetCount()
+    if ids is None:
+        return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    handles = []
+    for entry in ids:
+        try:
+            handles.append(pynvml.nvmlDeviceGetHandleByIndex(int(entry)) if entry.isdigit()
+                           else pynvml.nvmlDeviceGetHandleByUUID(entry))
+        except Exception:  # an index past the last GPU or an unknown UUID: CUDA stops there too
+            break
+    return handles
+
+
+def detect_gpus(environ=None) -> DetectedGpus | None:
+    """GPUs visible to this process (NVML, restricted to CUDA_VISIBLE_DEVICES); None when NVML or a GPU is
+    absent."""
     try:
         import pynvml  # nvidia-ml-py
     except ImportError:
@@ -110,10 +143,11 @@ def detect_gpus() -> DetectedGpus | None:
     except Exception:  # NVMLError_LibraryNotFound, driver missing: no GPU here
         return None
     try:
-        count = pynvml.nvmlDeviceGetCount()
+        handles = _visible_handles(pynvml, environ)
+        count = len(handles)
         if count == 0:
             return None
-        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        handle = handles[0]
         name = pynvml.nvmlDeviceGetName(handle)
         name = name.decode() if isinstance(name, bytes) else name
         total = pynvml.nvmlDeviceGetMemoryInfo(handle).total / GIB

@@ -30,6 +30,11 @@ class Workload:
     mean_response_length: float | None = None
     ppo_epochs: int = 1
     use_kl_loss: bool = True  # GRPO's KL loss: needs a reference model and its log-prob pass
+    # KL penalty in the reward (algorithm.use_kl_in_reward): also needs the reference (autotune/verl/roles.py)
+    use_kl_in_reward: bool = False
+    # rollout.max_model_len as the user set it; None: autotune exports prompt + response (verl's null would mean
+    # the model's whole context: vllm_async_server.py:1104)
+    max_model_len: int | None = None
     lora_rank: int = 0
     # LoRA target modules as verl takes them (model.target_modules): "all-linear" or projection names
     lora_target_modules: str | list = "all-linear"
@@ -70,6 +75,11 @@ class Workload:
     def response_mean(self) -> float:
         """Mean response length (tokens): max_response_length unless mean_response_length says otherwise."""
         return float(self.max_response_length if self.mean_response_length is None else self.mean_response_length)
+
+    @property
+    def rollout_max_model_len(self) -> int:
+        """The max_model_len vLLM runs with: the user's, or the prompt + response autotune exports."""
+        return self.max_model_len or self.seq_len
 
     @property
     def mean_seq_len(self) -> float:

@@ -43,7 +43,7 @@ from autotune.errors import ProbeOOM
 from autotune.search.driver import run_study
 from autotune.search.optimum import exact_optimum
 from autotune.spaces.candidate import Candidate
-from autotune.spaces.constraints import check
+from autotune.verl.rules import check
 from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import SearchSpace, verl_default_candidate
 from autotune.workload import Workload

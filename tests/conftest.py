@@ -19,18 +19,30 @@ def _has_verl_configs() -> bool:
     return importlib.util.find_spec("verl") is not None and importlib.util.find_spec("hydra") is not None
 
 
+def _has_verl_runtime() -> bool:
+    """verl's validate_config and config dataclasses import torch, ray, tensordict and transformers."""
+    return _has_verl_configs() and all(importlib.util.find_spec(m) is not None
+                                       for m in ("torch", "ray", "tensordict", "transformers", "zmq"))
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU")
     skip_verl = pytest.mark.skip(reason="needs verl's Hydra configs: pip install --no-deps verl==0.9.1 hydra-core")
     has_gpu = None
     has_verl = _has_verl_configs()
+    has_runtime = None
+    skip_judge = pytest.mark.skip(reason="needs verl 0.9.1 with its config dependencies (README: Run the tests)")
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu"):
             has_gpu = _has_gpu() if has_gpu is None else has_gpu
             if not has_gpu:
                 item.add_marker(skip_gpu)
-        if "verl" in item.keywords and not has_verl:
+        if item.get_closest_marker("verl") and not has_verl:  # not keywords: tests/verl/ is a folder named verl
             item.add_marker(skip_verl)
+        if item.get_closest_marker("verl_judge"):
+            has_runtime = _has_verl_runtime() if has_runtime is None else has_runtime
+            if not has_runtime:
+                item.add_marker(skip_judge)
 
 
 @pytest.fixture

@@ -47,7 +47,7 @@ def test_run_with_no_gpu_simulates_and_exports(default_run):
 @pytest.mark.verl
 def test_exported_best_yaml_is_accepted_by_verl(default_run):
     from autotune.spaces.candidate import Candidate
-    from autotune.storage.verl_config import compose_exported, select
+    from autotune.verl.compose import compose_exported, select
 
     _, out = default_run
     cfg = compose_exported(out / "best.yaml")

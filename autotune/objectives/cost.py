@@ -22,6 +22,7 @@ from autotune.objectives.memory import (BF16, FP32, actor_state_bytes, kv_bytes_
 from autotune.spaces.candidate import Candidate
 from autotune.spaces.layout import ParallelLayout
 from autotune.workload import Workload
+from autotune.verl.roles import need_reference_policy, separate_reference
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -302,21 +303,21 @@ def estimate_step_time(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand:
     gen_s, concurrency = _rollout_s(model, gpu, workload, cand, layout, k)
     old_s, _ = _pass_s(model, gpu, workload, cand, layout, forward_only=True, role="actor", k=k)
     ref_s = 0.0
-    if workload.use_kl_loss:
+    if need_reference_policy(workload):  # with LoRA the pass runs on the actor (autotune/verl/roles.py)
         ref_s, _ = _pass_s(model, gpu, workload, cand, layout, forward_only=True, role="ref", k=k)
-        if cand.ref_param_offload:
+        if cand.ref_param_offload and separate_reference(workload):
             ref_s += 2 * _host_copy_s(ref_weight_bytes(model, cand, layout), gpu, k)
     update_s, _ = _pass_s(model, gpu, workload, cand, layout, forward_only=False, k=k)
     state = actor_state_bytes(model, cand, layout, workload)
     if cand.optimizer_offload:
         update_s += 2 * _host_copy_s(state.optimizer, gpu, k)
     if cand.param_offload:
-        moves = 2 * (2 + workload.use_kl_loss)  # load+offload around old_log_prob, (ref,) update
+        moves = 2 * (2 + need_reference_policy(workload))  # load+offload around old_log_prob, (ref,) update
         update_s += moves / 2 * _host_copy_s(state.weights, gpu, k)
         old_s += _host_copy_s(state.weights, gpu, k)
     sync_s = _update_weights_s(model, gpu, cand, layout, k)
     phase_s = {"gen": gen_s, "old_log_prob": old_s, "update_actor": update_s, "update_weights": sync_s}
-    if workload.use_kl_loss:
+    if need_reference_policy(workload):
         phase_s["ref"] = ref_s
     step_s = sum(phase_s.values()) + k.system.step_fixed_s
     tokens = workload.trajectories_per_step * workload.mean_seq_len

@@ -27,6 +27,7 @@ from autotune.objectives.memory import (BF16, FP32, actor_state_bytes, ref_weigh
 from autotune.spaces.candidate import Candidate
 from autotune.spaces.layout import ParallelLayout
 from autotune.workload import Workload
+from autotune.verl.roles import separate_reference
 
 HOST_HEADROOM = 0.9  # share of the node's RAM the workers may plan for
 
@@ -112,7 +113,7 @@ def estimate_host_memory(model: ModelSpec, workload: Workload, cand: Candidate, 
                                               unrounded=bool(workload.lora_rank)) if cand.param_offload else 0.0),
                "reference": (pinned_state_bytes(model, cand, layout, bytes_per_param=BF16,
                                                 exact=ref_weight_bytes(model, cand, layout))
-                             if cand.ref_param_offload and workload.use_kl_loss and not workload.lora_rank else 0.0),
+                             if cand.ref_param_offload and separate_reference(workload) else 0.0),
                "vllm_sleep": vllm_weights_bytes(model, cand.rollout_tp),
                "activations": 0.0}
     if cand.activation_offload:

@@ -24,6 +24,7 @@ from autotune.objectives.calibration import ACTIVATIONS, DEFAULT_CONSTANTS, Acti
 from autotune.spaces.candidate import Candidate
 from autotune.spaces.layout import ParallelLayout
 from autotune.workload import Workload
+from autotune.verl.roles import need_reference_policy, separate_reference
 
 BF16 = 2
 FP32 = 4
@@ -222,7 +223,9 @@ def tokens_per_micro_batch(cand: Candidate, workload: Workload, *, forward_only:
     if not forward_only:
         micro = cand.ppo_micro_batch_size_per_gpu
     else:
-        micro = cand.ref_log_prob_micro_batch_size_per_gpu if role == "ref" else cand.log_prob_micro_batch_size_per_gpu
+        # with LoRA the reference pass runs on the actor with its log-prob micro-batch (autotune/verl/roles.py)
+        ref = role == "ref" and separate_reference(workload)
+        micro = cand.ref_log_prob_micro_batch_size_per_gpu if ref else cand.log_prob_micro_batch_size_per_gpu
     return micro * seq
 
 
@@ -248,26 +251,36 @@ def inference_bytes_per_token(model: ModelSpec, k: ModelConstants = DEFAULT_CONS
     return r.activation_bytes_per_token_h * model.hidden_size + r.activation_bytes_per_token_i * mlp_width(model)
 
 
-def vllm_profile_bytes(model: ModelSpec, cand: Candidate, k: ModelConstants = DEFAULT_CONSTANTS) -> float:
+def effective_batched_tokens(cand: Candidate, max_model_len: int = 0) -> int:
+    """vLLM's max_num_batched_tokens as verl starts it: with chunked prefill off, verl raises it to max_model_len
+    (verl/workers/rollout/vllm_rollout/vllm_async_server.py:1113-1119)."""
+    if cand.enable_chunked_prefill:
+        return cand.max_num_batched_tokens
+    return max(cand.max_num_batched_tokens, max_model_len)
+
+
+def vllm_profile_bytes(model: ModelSpec, cand: Candidate, k: ModelConstants = DEFAULT_CONSTANTS,
+                       max_model_len: int = 0) -> float:
     """What vLLM's profile run reserves before sizing the KV cache: activations of one
     max_num_batched_tokens forward (split by TP) and fp32 sampler logits of max_num_seqs rows."""
     r = k.rollout
-    activations = r.activation_base_gib * GIB + cand.max_num_batched_tokens * inference_bytes_per_token(model, k) / cand.rollout_tp
+    tokens = effective_batched_tokens(cand, max_model_len)
+    activations = r.activation_base_gib * GIB + tokens * inference_bytes_per_token(model, k) / cand.rollout_tp
     sampler = cand.max_num_seqs * model.vocab_size * r.sampler_logits_bytes
     return activations + sampler
 
 
 def vllm_kv_budget_bytes(model: ModelSpec, cand: Candidate, total_mem_bytes: float,
-                         k: ModelConstants = DEFAULT_CONSTANTS) -> float:
+                         k: ModelConstants = DEFAULT_CONSTANTS, max_model_len: int = 0) -> float:
     """KV cache vLLM can allocate on a GPU of `total_mem_bytes`: its share minus weights and what its
     profile run reserved. The torch probe sizes its KV pool with this too, from the device's own total."""
     share = cand.gpu_memory_utilization * total_mem_bytes
-    return share - vllm_weights_bytes(model, cand.rollout_tp) - vllm_profile_bytes(model, cand, k)
+    return share - vllm_weights_bytes(model, cand.rollout_tp) - vllm_profile_bytes(model, cand, k, max_model_len)
 
 
 def vllm_kv_cache_bytes(model: ModelSpec, gpu: GpuSpec, cand: Candidate,
-                        k: ModelConstants = DEFAULT_CONSTANTS) -> float:
-    return vllm_kv_budget_bytes(model, cand, gpu.mem_gib * GIB, k)
+                        k: ModelConstants = DEFAULT_CONSTANTS, max_model_len: int = 0) -> float:
+    return vllm_kv_budget_bytes(model, cand, gpu.mem_gib * GIB, k, max_model_len)
 
 
 def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate,
@@ -284,8 +297,8 @@ def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Ca
     overhead = k.system.cuda_context_gib * GIB + (k.system.nccl_buffers_gib * GIB if layout.world_size > 1 else 0.0)
     frag = k.system.allocator_fragmentation
     # with LoRA verl computes reference log-probs with the actor's adapters disabled: no second model
-    ref_weights = 0.0 if workload.lora_rank else ref_weight_bytes(model, cand, layout)
-    ref_resident = 0.0 if (cand.ref_param_offload or not workload.use_kl_loss) else ref_weights
+    ref_weights = ref_weight_bytes(model, cand, layout) if separate_reference(workload) else 0.0
+    ref_resident = 0.0 if cand.ref_param_offload else ref_weights
     optim_resident = 0.0 if cand.optimizer_offload else state.optimizer
     weights_resident = 0.0 if cand.param_offload else state.weights
     split = _token_split(cand)
@@ -302,12 +315,14 @@ def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Ca
         tok = tokens_per_micro_batch(cand, workload, forward_only=True, role=role, layout=layout) / split
         # no autograd: only one layer's transient tensors live at a time, as in vLLM's profile forward
         act = inference_bytes_per_token(model, k) * tok
-        logits = forward_logits_bytes(model, tok, act_c, verl=True, compiled=cand.use_torch_compile) / vocab_split
+        logits = forward_logits_bytes(model, tok, act_c, verl=True,
+                                       # the Megatron engine never reads use_torch_compile (autotune/verl/keys.py)
+                                       compiled=cand.use_torch_compile and not cand.is_megatron) / vocab_split
         return (weights + optim_resident + ref_resident * (role != "ref") + state.gather_buffer
                 + frag * (act + logits) + sleeping_vllm + overhead)
 
     old_log_prob = forward_pass("actor", state.weights)
-    ref = forward_pass("ref", state.weights * (not cand.param_offload) + ref_weights) if workload.use_kl_loss else 0.0
+    ref = forward_pass("ref", state.weights * (not cand.param_offload) + ref_weights) if need_reference_policy(workload) else 0.0
 
     # actor update: start of backward (activations + logits transients) vs end (all grads) vs optimizer step;
     # the optimizer state is resident throughout, offloaded or not (train_mode loads it on entry)
@@ -343,7 +358,7 @@ def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Ca
         update = fixed + k.system.fsdp2_memory_factor * (update - fixed)
 
     phases = {"rollout": rollout, "old_log_prob": old_log_prob, "update_actor": update}
-    if workload.use_kl_loss:
+    if need_reference_policy(workload):
         phases["ref"] = ref
     worst = max(phases, key=phases.get)
     components = {
@@ -351,8 +366,9 @@ def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Ca
         "activations": act / GIB, "logits": logits_start / GIB, "reference": ref_resident / GIB,
         "vllm_share": vllm_share / GIB, "overhead": overhead / GIB,
     }
-    kv = vllm_kv_cache_bytes(model, gpu, cand, k)
-    kv_needed = kv_bytes_per_token(model, cand.rollout_tp) * workload.seq_len
+    # vLLM must hold one sequence of rollout.max_model_len (exported: prompt + response unless the user set it)
+    kv = vllm_kv_cache_bytes(model, gpu, cand, k, workload.rollout_max_model_len)
+    kv_needed = kv_bytes_per_token(model, cand.rollout_tp) * workload.rollout_max_model_len
     return MemoryEstimate(capacity_gib=gpu.mem_gib, phase_peak_gib={k: v / GIB for k, v in phases.items()},
                           components_gib=components, kv_cache_gib=kv / GIB, kv_cache_needed_gib=kv_needed / GIB,
                           worst_phase=worst)

@@ -75,6 +75,7 @@ from autotune.objectives.torch_runner import (
 from autotune.spaces.candidate import Candidate
 from autotune.spaces.layout import ParallelLayout
 from autotune.workload import Workload
+from autotune.verl.roles import need_reference_policy, separate_reference
 
 # verl actor defaults (verl 0.9.1 actor/actor.yaml, optim/fsdp.yaml): PPO clip 0.2, dual-clip c=3,
 # KL loss coefficient 0.001 (low_var_kl), grad clip 1.0, AdamW lr 1e-6 and weight decay 0.01.
@@ -862,7 +863,7 @@ class GrpoProbe:
         self.ref = None
         # With LoRA the reference is the actor with its adapters disabled (verl's ref_in_actor,
         # trainer/ppo/ray_trainer.py: "the reference policy will be actor without lora applied").
-        if self.work.use_kl_loss and not self.work.lora_rank:
+        if separate_reference(self.work):
             ref_lm = build_causal_lm(req.model, dtype=torch.bfloat16, device=device, max_len=max_len,
                                      attention=attention).eval()
             if cand.use_liger:  # the reference is built by the same engine code
@@ -1063,7 +1064,7 @@ class GrpoProbe:
         with phase("old_log_prob"):
             old_lp = self.old_log_prob(traj)
         ref_lp = None
-        if self.work.use_kl_loss:
+        if need_reference_policy(self.work):
             with phase("ref"):
                 ref_lp = self.ref_log_prob(traj)
         with phase("update_actor"):

@@ -1,11 +1,11 @@
 """The `verl` backend: a short `python3 -m verl.trainer.main_ppo` GRPO run per candidate.
 
 What is probed is what is exported: the probe's Hydra config is written by the same function as
-best.yaml (storage/export.py), and only probe limits are added on the command line (few steps, no
+best.yaml (verl/export.py), and only probe limits are added on the command line (few steps, no
 validation, no checkpoints, a file logger, a fixed response length). The run lives in its own process
 group with a watchdog (objectives/process.py); metrics come live from verl's JSONL file logger, with the
 console lines as a fallback; failures are classified from the exit code and the log tail
-(objectives/verl_failures.py). GPUs are sampled with NVML during the probe.
+(verl/failures.py). GPUs are sampled with NVML during the probe.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from autotune.objectives.base import ProbePruned, ProbeRequest, ProbeResult, Pro
 from autotune.objectives.gpu_monitor import GpuMonitor, idle_fraction_by_phase, phase_windows, summarize_samples
 from autotune.objectives.process import ProcessOutcome, run_in_process_group
 from autotune.objectives.select import knob_package_missing, knobs_held_off
-from autotune.objectives.verl_failures import FailureKind, classify_failure
-from autotune.objectives.verl_metrics import JsonlTail, StepMetrics, parse_console_line, summarize
-from autotune.storage.export import best_yaml_text, model_engine, verl_overrides
+from autotune.verl.failures import FailureKind, classify_failure
+from autotune.verl.metrics import JsonlTail, StepMetrics, parse_console_line, summarize
+from autotune.verl.export import best_yaml_text, model_engine, verl_overrides
 
 PROBE_CONFIG_NAME = "probe"
 PGID_FILE = "probe.pgid"  # the live probe's process group, for clean-up after a killed tuner

@@ -30,7 +30,7 @@ from autotune.search.sampler import make_pruner, make_sampler
 from autotune.search.warmstart import PhaseCorrection, Ranked, predicted, rank_space
 from autotune.storage.records import best_records
 from autotune.spaces.candidate import Candidate
-from autotune.spaces.constraints import Violation, check
+from autotune.verl.rules import Violation, check
 from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import SearchSpace, verl_default_candidate
 from autotune.storage.records import set_constraints

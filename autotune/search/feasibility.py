@@ -9,10 +9,11 @@ from autotune.hardware import GpuSpec
 from autotune.models import ModelSpec
 from autotune.objectives.memory import estimate_memory
 from autotune.spaces.candidate import Candidate
-from autotune.spaces.constraints import check
+from autotune.verl.rules import check
 from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import default_domains
 from autotune.workload import Workload
+from autotune.verl.roles import separate_reference
 
 
 def smallest_footprint(model: ModelSpec, gpu: GpuSpec, workload: Workload, *, gpus_per_node: int,
@@ -20,7 +21,7 @@ def smallest_footprint(model: ModelSpec, gpu: GpuSpec, workload: Workload, *, gp
     """Lowest predicted peak (GiB) over valid layouts with every memory saver on, and that candidate."""
     world = gpus_per_node * nodes
     dom = default_domains(model, workload, world=world, gpus_per_node=gpus_per_node)
-    savers = dict(param_offload=True, optimizer_offload=True, ref_param_offload=workload.use_kl_loss,
+    savers = dict(param_offload=True, optimizer_offload=True, ref_param_offload=separate_reference(workload),
                   gradient_checkpointing=True, use_dynamic_bsz=True,
                   ppo_max_token_len_per_gpu=workload.seq_len, log_prob_max_token_len_per_gpu=workload.seq_len,
                   max_num_seqs=64, max_num_batched_tokens=max(4096, 64))

@@ -27,10 +27,11 @@ from autotune.objectives.calibration import DEFAULT_CONSTANTS, ModelConstants
 from autotune.objectives.cost import estimate_step_time
 from autotune.objectives.memory import estimate_memory
 from autotune.spaces.candidate import Candidate
-from autotune.spaces.constraints import check
+from autotune.verl.rules import check
 from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import DYNAMIC_ONLY, FSDP_ONLY, MEGATRON_ONLY, STATIC_ONLY, SearchSpace
 from autotune.workload import Workload
+from autotune.verl.roles import separate_reference
 
 ROLLOUT_KNOBS = ("rollout_tp", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
                  "enable_chunked_prefill")
@@ -159,7 +160,7 @@ def _normalise(values: dict, space: SearchSpace, workload: Workload) -> dict | N
     v = dict(values)
     megatron = v.get("actor_engine") == "megatron"
     inactive = [n for n in (FSDP_ONLY if megatron else MEGATRON_ONLY) if n in v]
-    if not workload.use_kl_loss and "ref_param_offload" in v:
+    if not separate_reference(workload) and "ref_param_offload" in v:
         inactive.append("ref_param_offload")
     if any(v[n] != _values(space, n)[0] for n in inactive):
         return None
@@ -180,7 +181,7 @@ def _best_parts(space: SearchSpace, lv: dict, rv: dict, ev: _Evaluator, workload
     else:
         groups = {"update": ["ppo_micro_batch_size_per_gpu"], "old": ["log_prob_micro_batch_size_per_gpu"]}
         phases = {"update": ("update_actor",), "old": ("old_log_prob",)}
-        if workload.use_kl_loss:
+        if separate_reference(workload):
             groups["ref"] = ["ref_log_prob_micro_batch_size_per_gpu"]
             phases["ref"] = ("ref",)
     filler = {n: _values(space, n)[0] for names in groups.values() for n in names}

@@ -20,7 +20,7 @@ from autotune.objectives.host_memory import estimate_host_memory
 from autotune.objectives.memory import estimate_memory
 from autotune.search.prescreen import MemoryGate, memory_ratio
 from autotune.spaces.candidate import Candidate
-from autotune.spaces.constraints import check
+from autotune.verl.rules import check
 from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import SearchSpace
 from autotune.workload import Workload
@@ -37,7 +37,7 @@ def sample_point(space: SearchSpace, workload: Workload, rng: random.Random) -> 
     values: dict = {}
     for gate in ("actor_engine", "use_dynamic_bsz"):
         values[gate] = space.fixed.get(gate, _draw(space, gate, rng))
-    for name in space.active_knobs(values, workload.use_kl_loss):
+    for name in space.active_knobs(values, workload):
         if name not in values:
             values[name] = space.fixed[name] if name in space.fixed else _draw(space, name, rng)
     if values.get("actor_engine") != "megatron":
@@ -111,7 +111,7 @@ def predicted(cfg: TuneConfig, cand: Candidate, workload: Workload, gate: Memory
 def _neighbours(space: SearchSpace, cand: Candidate, workload: Workload):
     params = cand.as_params()
     partial = {"actor_engine": params["actor_engine"], "use_dynamic_bsz": params["use_dynamic_bsz"]}
-    for name in space.active_knobs(partial, workload.use_kl_loss):
+    for name in space.active_knobs(partial, workload):
         if name in space.fixed or name in ("actor_engine", "use_dynamic_bsz"):
             continue
         dom = space.domains[name]

@@ -1,6 +1,6 @@
 """One point of the search space: every speed/memory knob autotune sets on a verl GRPO job.
 
-Field names are the Optuna parameter names. `to_verl_overrides` lives in storage/export.py (one
+Field names are the Optuna parameter names. `to_verl_overrides` lives in verl/export.py (one
 mapping for probes and exports).
 """
 

@@ -21,10 +21,11 @@ from autotune.spaces.candidate import Candidate
 from autotune.workload import Workload
 
 ENGINES = ("fsdp", "fsdp2", "megatron")
-FSDP_ONLY = ("ulysses_sp", "activation_offload", "use_liger")
+FSDP_ONLY = ("ulysses_sp", "activation_offload", "use_liger", "use_torch_compile")  # keys.py rows, engines=FSDP
 MEGATRON_ONLY = ("actor_tp", "actor_pp", "actor_vpp", "actor_cp", "actor_ep", "actor_etp", "cuda_device_max_connections")
 STATIC_ONLY = ("ppo_micro_batch_size_per_gpu", "log_prob_micro_batch_size_per_gpu", "ref_log_prob_micro_batch_size_per_gpu")
 DYNAMIC_ONLY = ("ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu")
+# searched only with a separate reference model (autotune/verl/roles.py)
 REF_ONLY = ("ref_log_prob_micro_batch_size_per_gpu", "ref_param_offload")
 # Knobs whose valid values follow from the model and GPU count alone: a user list is checked against them.
 STRUCTURAL = ("actor_engine", "actor_tp", "actor_pp", "actor_vpp", "actor_cp", "actor_ep", "actor_etp", "ulysses_sp",
@@ -114,28 +115,21 @@ class SearchSpace:
         return cls(domains=domains, fixed=fixed, workload_domains=workload_domains)
 
     # ---- sampling ------------------------------------------------------------------------------------
-    def active_knobs(self, partial: Mapping[str, object], use_kl_loss: bool) -> list[str]:
-        """Knobs that apply given the engine and batching mode already chosen."""
-        engine = partial.get("actor_engine")
+    def active_knobs(self, partial: Mapping[str, object], workload: Workload) -> list[str]:
+        """Knobs that apply given the engine and batching mode already chosen: the Candidate fields that a row
+        of the key table (autotune/verl/keys.py) exports for this job; an unset gate allows either choice."""
+        from autotune.verl.keys import active_knobs_for
+
+        engine = partial.get("actor_engine") or "fsdp"
         dynamic = partial.get("use_dynamic_bsz")
-        out = []
-        for name in self.domains:
-            if engine == "megatron" and name in FSDP_ONLY:
-                continue
-            if engine != "megatron" and name in MEGATRON_ONLY:
-                continue
-            if dynamic and name in STATIC_ONLY or (dynamic is False and name in DYNAMIC_ONLY):
-                continue
-            if not use_kl_loss and name in REF_ONLY:
-                continue
-            out.append(name)
-        return out
+        exported = active_knobs_for(workload, str(engine), None if dynamic is None else bool(dynamic))
+        return [name for name in self.domains if name in ("actor_engine", "use_dynamic_bsz") or name in exported]
 
     def suggest(self, trial: optuna.Trial, workload: Workload) -> tuple[Candidate, Workload]:
         values: dict[str, object] = {}
         for gate in ("actor_engine", "use_dynamic_bsz"):
             values[gate] = self._pick(trial, gate)
-        for name in self.active_knobs(values, workload.use_kl_loss):
+        for name in self.active_knobs(values, workload):
             if name not in values:
                 values[name] = self._pick(trial, name)
         if values.get("actor_engine") != "megatron":
@@ -152,7 +146,7 @@ class SearchSpace:
         """The Optuna params a candidate corresponds to (for enqueueing a known point)."""
         values = candidate.as_params()
         partial = {"actor_engine": values["actor_engine"], "use_dynamic_bsz": values["use_dynamic_bsz"]}
-        names = ["actor_engine", "use_dynamic_bsz"] + self.active_knobs(partial, workload.use_kl_loss)
+        names = ["actor_engine", "use_dynamic_bsz"] + self.active_knobs(partial, workload)
         params = {n: values[n] for n in dict.fromkeys(names) if n not in self.fixed}
         for name in self.workload_domains:
             params[f"workload.{name}"] = getattr(workload, name)

@@ -12,7 +12,7 @@ from autotune.errors import ConfigError
 from autotune.hardware import get_gpu
 from autotune.models import get_model
 from autotune.spaces.candidate import Candidate
-from autotune.storage.export import export_header, model_engine, verl_overrides, write_best_yaml
+from autotune.verl.export import export_header, model_engine, verl_overrides, write_best_yaml
 from autotune.storage.records import TrialRecord, baseline_record, best_records, pareto_front, records
 from autotune.storage.urls import redact
 from autotune.workload import Workload

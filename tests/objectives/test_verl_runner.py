@@ -59,7 +59,7 @@ def test_probe_command_line_and_environment(tmp_path):
 @pytest.mark.parametrize("cand", [{}, {"actor_engine": "megatron", "actor_tp": 2, "cuda_device_max_connections": 1,
                                        "use_dynamic_bsz": True}])
 def test_probe_config_composes_with_verl_and_the_limits_arrive(tmp_path, cand):
-    from autotune.storage.verl_config import compose_exported, select
+    from autotune.verl.compose import compose_exported, select
 
     argv, _, metrics = probe_command(_request(tmp_path, **cand))
     cfg = compose_exported(tmp_path / "run" / "probe.yaml", argv[5:])

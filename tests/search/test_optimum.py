@@ -12,7 +12,7 @@ from autotune.objectives.cost import estimate_step_time
 from autotune.objectives.memory import estimate_memory
 from autotune.search.optimum import _values, exact_optimum
 from autotune.spaces.candidate import Candidate
-from autotune.spaces.constraints import check
+from autotune.verl.rules import check
 from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import SearchSpace
 from autotune.workload import Workload
@@ -24,7 +24,7 @@ def brute_force(model, gpu, workload, space, gpus_per_node, nodes, constants=DEF
     for combo in itertools.product(*(_values(space, n) for n in names)):
         values = dict(zip(names, combo))
         partial = {"actor_engine": values["actor_engine"], "use_dynamic_bsz": values["use_dynamic_bsz"]}
-        active = set(space.active_knobs(partial, workload.use_kl_loss)) | {"actor_engine", "use_dynamic_bsz"}
+        active = set(space.active_knobs(partial, workload)) | {"actor_engine", "use_dynamic_bsz"}
         if any(n not in active and values[n] != _values(space, n)[0] for n in names):
             continue  # the sampler never varies an inactive knob: count each point once
         neutral = {n: getattr(Candidate(), n) for n in names if n not in active}

@@ -12,7 +12,7 @@ import pytest
 from autotune.errors import ConfigError
 from autotune.models import MODELS, get_model
 from autotune.spaces.candidate import Candidate
-from autotune.spaces.constraints import RULES, CheckContext
+from autotune.verl.rules import RULES, CheckContext
 from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import (DYNAMIC_ONLY, FSDP_ONLY, MEGATRON_ONLY, REF_ONLY, STATIC_ONLY, Domain,
                                    SearchSpace, default_domains, verl_default_candidate)

@@ -1,9 +1,10 @@
 """From the user's own verl job (a launch script or a YAML config) to autotune's terms.
 
-The imported job is split with the knob table (autotune/knobs.py): workload values become the Workload
-held fixed, system values become the baseline Candidate (measured first), the GPU count comes from the
-trainer keys, and every other key is passed through to the export unchanged, typed exactly as Hydra
-would type the override. Anything that cannot be read statically is reported by name.
+The imported job is split with the key table (autotune/verl/keys.py: each row's field and `from_verl`
+conversion): workload values become the Workload held fixed, system values become the baseline Candidate
+(measured first), the GPU count comes from the trainer keys, and every other key is passed through to the
+export, typed exactly as Hydra would type the override. Anything that cannot be read statically is reported
+by name, every such key in one error.
 """
 
 from __future__ import annotations
@@ -11,17 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from autotune.errors import ConfigError
-from autotune.knobs import ARO, JOB_KEYS, SYSTEM_BY_KEY, WORKLOAD_BY_KEY, kind_of
 from autotune.models import ModelSpec, get_model
 from autotune.spaces.candidate import Candidate
+from autotune.verl.keys import (ARO, BY_KEY, DEPRECATED_GLOBAL_MICRO, JOB_KEYS, NOT_IN_VERL, OTC, WORKLOAD_FIELDS,
+                                active_knobs_for)
 from autotune.workload import Workload
-
-# verl's deprecated global micro-batch keys (actor.py:195-220): per-GPU value = global / world size.
-DEPRECATED_GLOBAL_MICRO = {
-    f"{ARO}.actor.ppo_micro_batch_size": "ppo_micro_batch_size_per_gpu",
-    f"{ARO}.rollout.log_prob_micro_batch_size": "log_prob_micro_batch_size_per_gpu",
-    f"{ARO}.ref.log_prob_micro_batch_size": "ref_log_prob_micro_batch_size_per_gpu",
-}
 
 
 # verl 0.9.1's own defaults for the workload keys a script may leave out (legacy_data.yaml, actor.yaml,
@@ -72,13 +67,15 @@ def _typed(field: str, key: str, value):
         return value
     if expected == "float" and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
+    if expected == "int | None" and (value is None or isinstance(value, int) and not isinstance(value, bool)):
+        return value
     if expected.startswith("int") and value is None and field == "actor_vpp":
         return 1  # verl's null means no virtual pipeline
     raise ConfigError(f"{key}={value!r}: expected {expected} for {field}")
 
 
 def user_job(imported, *, model_name: str | None = None) -> UserJob:
-    """Split an ImportedJob (autotune/launch_script.py) into workload, baseline and passthrough."""
+    """Split an ImportedJob (autotune/verl/launch_script.py) into workload, baseline and passthrough."""
     unresolved = list(imported.unresolved)
     values = {}
     for k, v in imported.overrides.items():
@@ -104,26 +101,67 @@ def user_job(imported, *, model_name: str | None = None) -> UserJob:
     workload_changes, candidate_changes, passthrough = {}, {}, {}
     if config_name == "ppo_megatron_trainer":  # verl's shim: ppo_trainer with model_engine=megatron
         candidate_changes["actor_engine"] = "megatron"
+    if values.get("model_engine") == "megatron" or values.get(f"{ARO}.actor.strategy") == "megatron":
+        candidate_changes["actor_engine"] = "megatron"
+    megatron = candidate_changes.get("actor_engine") == "megatron"
+    bare_values = {key.lstrip("+"): value for key, value in values.items()}
+    field_keys: dict[str, list] = {}  # candidate field -> the user's (key, value) it came from
+    unreadable = []  # every key whose value cannot be read statically, reported at once
     for key, value in values.items():
         bare = key.lstrip("+")
-        kind = kind_of(bare)
-        if kind == "workload" and WORKLOAD_BY_KEY[bare].field:
-            workload_changes[WORKLOAD_BY_KEY[bare].field] = _typed(WORKLOAD_BY_KEY[bare].field, key, value)
-        elif kind == "system" and SYSTEM_BY_KEY[bare].field:
-            field = SYSTEM_BY_KEY[bare].field
-            candidate_changes[field] = (value if field == "actor_engine" else _typed(field, key, value))
-        elif bare == "model_engine":
-            if value == "megatron":
-                candidate_changes["actor_engine"] = "megatron"
-        elif kind in ("system",) or bare in JOB_KEYS or bare in DEPRECATED_GLOBAL_MICRO:
+        if bare in NOT_IN_VERL:
+            unresolved.append(f"{bare} ({NOT_IN_VERL[bare]}; dropped)")
             continue
-        else:
+        row = BY_KEY.get(bare)
+        if row is None or bare in JOB_KEYS or bare in DEPRECATED_GLOBAL_MICRO or bare == "model_engine":
+            if row is None and bare not in DEPRECATED_GLOBAL_MICRO:
+                passthrough[bare] = value
+            continue
+        if row.field is None:
+            if row.kind == "workload":
+                passthrough[bare] = value  # held verbatim; export keeps the user's value
+            elif bare.startswith(OTC):
+                passthrough[bare] = value  # the user's recompute settings, kept while checkpointing stays on
+            continue
+        if megatron and row.engines == frozenset({"fsdp", "fsdp2"}) and row.field != "actor_engine":
+            continue  # an FSDP key under a Megatron job: verl never reads it
+        if not megatron and row.engines == frozenset({"megatron"}):
+            continue
+        if bare.startswith(OTC):
             passthrough[bare] = value
+        if row.from_verl is not None:
+            value = row.from_verl(value, bare_values)
+        target = workload_changes if row.field in WORKLOAD_FIELDS else candidate_changes
+        if row.field == "actor_engine":
+            if not megatron:
+                target[row.field] = value
+            continue
+        try:
+            target[row.field] = _typed(row.field, key, value)
+        except ConfigError as exc:
+            unreadable.append((key, str(exc)))
+            continue
+        if target is candidate_changes:
+            field_keys.setdefault(row.field, []).append((bare, values[key]))
+    if unreadable:
+        shell = [k for k, msg in unreadable if "not readable statically" in msg]
+        other = [msg for k, msg in unreadable if "not readable statically" not in msg]
+        parts = ([f"not readable statically: {', '.join(shell)}; give their values after --, e.g. -- "
+                  + " ".join(f"{k}=VALUE" for k in shell)] if shell else []) + other
+        raise ConfigError(f"{imported.source}: " + "; ".join(parts))
+    if megatron:
+        # verl's Megatron defaults where the script is silent: no recompute (engine/megatron.yaml:75), expert TP
+        # = TP (megatron.yaml:17 null; megatron-core uses TP)
+        candidate_changes.setdefault("gradient_checkpointing", False)
+        if f"{ARO}.actor.megatron.expert_tensor_parallel_size" not in bare_values:
+            candidate_changes["actor_etp"] = candidate_changes.get("actor_tp", 1)
     gpn, nodes = values.get("trainer.n_gpus_per_node"), values.get("trainer.nnodes")
+    sp = 1 if megatron else candidate_changes.get("ulysses_sp", 1)
     for key, field in DEPRECATED_GLOBAL_MICRO.items():
-        if key in values and isinstance(gpn, int):
+        if key in bare_values and isinstance(gpn, int):
             world = gpn * (nodes if isinstance(nodes, int) else 1)
-            candidate_changes.setdefault(field, max(int(values[key]) // world, 1))
+            # per GPU = global / (GPUs / ulysses SP): workers/config/actor.py:238-241 (global * sp >= GPUs)
+            candidate_changes.setdefault(field, max(int(bare_values[key]) * sp // world, 1))
     if "CUDA_DEVICE_MAX_CONNECTIONS" in imported.env and candidate_changes.get("actor_engine") == "megatron":
         candidate_changes.setdefault("cuda_device_max_connections", int(imported.env["CUDA_DEVICE_MAX_CONNECTIONS"]))
     if candidate_changes.get("actor_engine") != "megatron":
@@ -133,6 +171,16 @@ def user_job(imported, *, model_name: str | None = None) -> UserJob:
                           "baseline uses the quickstart's 4)")
     try:
         workload = replace(VERL_DEFAULT_WORKLOAD, **workload_changes)
+        if workload.max_model_len == workload.seq_len:  # what autotune derives and exports anyway
+            workload = replace(workload, max_model_len=None)
+        # a knob that no row exports for this job (a ref.* knob under LoRA, where the reference runs on the actor)
+        # is not part of the baseline: the user's key passes through verbatim, as verl reads (or ignores) it
+        active = active_knobs_for(workload, candidate_changes.get("actor_engine", "fsdp"))
+        for field in [f for f in candidate_changes if f in field_keys and f not in active and f != "actor_engine"]:
+            del candidate_changes[field]
+            passthrough.update(field_keys[field])
+        if not model.is_moe:
+            candidate_changes["actor_etp"] = 1  # no experts: expert TP does not apply
         baseline = Candidate(**candidate_changes)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{imported.source}: {exc}") from None

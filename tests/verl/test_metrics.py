@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from autotune.objectives.verl_metrics import (
+from autotune.verl.metrics import (
     JsonlTail,
     StepMetrics,
     parse_console_line,
     summarize,
 )
 
-DATA = Path(__file__).parent / "data" / "verl_logs"
+DATA = Path(__file__).parents[1] / "objectives" / "data" / "verl_logs"
 FIXTURES = sorted(DATA.glob("*.log"))
 STEP_FIXTURES = [p for p in FIXTURES if not p.name.startswith("nonstep_")]
 NONSTEP_FIXTURES = [p for p in FIXTURES if p.name.startswith("nonstep_")]

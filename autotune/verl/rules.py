@@ -15,6 +15,7 @@ from autotune.models import ModelSpec
 from autotune.spaces.candidate import Candidate
 from autotune.spaces.layout import ParallelLayout
 from autotune.workload import Workload
+from autotune.verl.roles import reference, separate_reference
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,6 +24,10 @@ class Violation:
     message: str
     enforced_by: str  # verl | vllm | megatron-core | autotune
     source: str
+    # "config": verl refuses it at start-up from the config alone (validate_config, the config dataclasses, the
+    # worker's asserts before any engine starts; autotune/verl/judge.py runs exactly these on CPU);
+    # "worker": an engine, vLLM or the first step refuses it (needs GPUs; docs/verl-judge.md)
+    stage: str = "worker"
 
     def __str__(self) -> str:
         return f"{self.rule}: {self.message}"
@@ -45,8 +50,8 @@ def rule(fn: Rule) -> Rule:
     return fn
 
 
-def _v(rule_id: str, message: str, enforced_by: str, source: str) -> Violation:
-    return Violation(rule=rule_id, message=message, enforced_by=enforced_by, source=source)
+def _v(rule_id: str, message: str, enforced_by: str, source: str, *, stage: str = "worker") -> Violation:
+    return Violation(rule=rule_id, message=message, enforced_by=enforced_by, source=source, stage=stage)
 
 
 # ---- world size and parallel layout -------------------------------------------------------------
@@ -61,7 +66,9 @@ def world_divisible_by_model_parallel(ctx: CheckContext) -> Violation | None:
         return None
     return _v("world_divisible_by_model_parallel",
               f"n_gpus ({n}) must be divisible by model_parallel_size ({mp}) times context_parallel_size ({c.actor_cp})",
-              "verl", "verl/utils/config.py:109-114 (validate_config)")
+              "verl", "verl/utils/config.py:109-114 (validate_config)",
+              # validate_config checks it in static batching only; Megatron's init refuses it either way
+              stage="worker" if c.use_dynamic_bsz else "config")
 
 
 @rule
@@ -84,7 +91,7 @@ def real_train_batch_divisible(ctx: CheckContext) -> Violation | None:
         return None
     return _v("real_train_batch_divisible",
               f"real_train_batch_size ({real}) must be divisible by minimal possible batch size ({minimal_bsz})",
-              "verl", "verl/utils/config.py:118-127 (validate_config)")
+              "verl", "verl/utils/config.py:118-127 (validate_config)", stage="config")
 
 
 @rule
@@ -133,7 +140,7 @@ def rollout_log_prob_micro_divides_batch(ctx: CheckContext) -> Violation | None:
 
 @rule
 def ref_log_prob_micro_divides_batch(ctx: CheckContext) -> Violation | None:
-    if not ctx.workload.use_kl_loss:
+    if not separate_reference(ctx.workload):  # LoRA: the actor's log-prob pass (autotune/verl/roles.py)
         return None
     return _log_prob_micro_rule(ctx, "ref", ctx.candidate.ref_log_prob_micro_batch_size_per_gpu)
 
@@ -144,7 +151,7 @@ def rollout_world_divisible(ctx: CheckContext) -> Violation | None:
     if n % tp == 0:
         return None
     return _v("rollout_world_divisible", f"rollout world_size: {n} is not divisible by infer_world_size: {tp}",
-              "verl", "verl/workers/engine_workers.py:652-661")
+              "verl", "verl/workers/engine_workers.py:652-661", stage="config")
 
 
 @rule
@@ -244,7 +251,7 @@ def megatron_vpp_log_prob_micro_batches(ctx: CheckContext) -> Violation | None:
 @rule
 def megatron_vpp_ref_micro_batches(ctx: CheckContext) -> Violation | None:
     lay, w, c = ctx.layout, ctx.workload, ctx.candidate
-    if not w.use_kl_loss:
+    if not separate_reference(w):
         return None
     return _vpp_pass(ctx, "megatron_vpp_ref_micro_batches", "ref",
                      w.trajectories_per_step / max(lay.dp, 1), c.ref_log_prob_micro_batch_size_per_gpu)
@@ -339,7 +346,7 @@ def ulysses_needs_remove_padding(ctx: CheckContext) -> Violation | None:
         return None
     return _v("ulysses_needs_remove_padding",
               "When using sequence parallelism for actor/ref policy, you must enable `use_remove_padding`.",
-              "verl", "verl/workers/config/actor.py:331-341 (FSDPActorConfig.validate)")
+              "verl", "verl/workers/config/actor.py:331-341 (FSDPActorConfig.validate)", stage="config")
 
 
 # ---- dynamic batch size ---------------------------------------------------------------------------
@@ -383,23 +390,16 @@ def vllm_batched_tokens_cover_seqs(ctx: CheckContext) -> Violation | None:
               f"({c.max_num_seqs}).", "vllm", "vllm/config/scheduler.py (SchedulerConfig._verify_args)")
 
 
-@rule
-def vllm_batched_tokens_cover_model_len(ctx: CheckContext) -> Violation | None:
-    c, w = ctx.candidate, ctx.workload
-    if c.enable_chunked_prefill or c.max_num_batched_tokens >= w.seq_len:
-        return None
-    return _v("vllm_batched_tokens_cover_model_len",
-              f"max_num_batched_tokens ({c.max_num_batched_tokens}) is smaller than max_model_len ({w.seq_len}). This "
-              "effectively limits the maximum sequence length to max_num_batched_tokens and makes vLLM reject longer "
-              "sequences. Please increase max_num_batched_tokens or decrease max_model_len.",
-              "vllm", "vllm/config/scheduler.py (SchedulerConfig._verify_args, chunked prefill off)")
+# No rule for max_num_batched_tokens < max_model_len with chunked prefill off: verl raises max_num_batched_tokens to
+# max_model_len itself (verl/workers/rollout/vllm_rollout/vllm_async_server.py:1113-1119); the memory model prices
+# the raised value (objectives/memory.py effective_batched_tokens).
 
 
 @rule
 def ref_offload_needs_ref(ctx: CheckContext) -> Violation | None:
-    if ctx.candidate.ref_param_offload and not ctx.workload.use_kl_loss:
-        return _v("ref_offload_needs_ref", "ref param_offload set but the workload has no reference model "
-                  "(use_kl_loss=False)", "autotune", "verl/trainer/ppo/utils.py:75-79 (need_reference_policy)")
+    if ctx.candidate.ref_param_offload and not separate_reference(ctx.workload):
+        return _v("ref_offload_needs_ref", "ref param_offload set but the workload has no reference model of its own "
+                  f"(reference: {reference(ctx.workload)})", "autotune", "verl/trainer/ppo/utils.py:75-79 (need_reference_policy)")
     return None
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import ConfigError
-from autotune.launch_script import (ImportedJob, LaunchScriptError, import_config_yaml, import_launch_script,
+from autotune.verl.launch_script import (ImportedJob, LaunchScriptError, import_config_yaml, import_launch_script,
                                     import_launch_text)
 
-EXAMPLES = Path(__file__).parent / "data" / "verl_examples"
+EXAMPLES = Path(__file__).parents[1] / "data" / "verl_examples"
 FIXTURES = sorted(path.name for path in EXAMPLES.glob("*.sh"))
 ENTRY = "python3 -m verl.trainer.main_ppo"
 
@@ -392,7 +392,7 @@ def _hydra_args(overrides: dict[str, str]) -> list[str]:
 
 def _rejected_keys(args: list[str]) -> set[str]:
     """Compose, dropping each override verl refuses, until it composes; the refused keys."""
-    from autotune.storage.verl_config import compose_overrides
+    from autotune.verl.compose import compose_overrides
 
     rejected: set[str] = set()
     while True:
@@ -421,7 +421,7 @@ def test_real_verl_script_composes_with_verl_0_9_1(name):
 def test_saved_full_config_round_trips_through_hydra(tmp_path):
     from omegaconf import OmegaConf
 
-    from autotune.storage.verl_config import compose_overrides
+    from autotune.verl.compose import compose_overrides
 
     composed = compose_overrides(["model_engine=megatron", "trainer.logger=[console,wandb]",
                                   "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4",
@@ -436,7 +436,7 @@ def test_saved_full_config_round_trips_through_hydra(tmp_path):
 
 @pytest.mark.verl
 def test_verl_primary_config_with_defaults():
-    from autotune.storage.verl_config import verl_config_dir
+    from autotune.verl.compose import verl_config_dir
 
     job = import_config_yaml(verl_config_dir() / "ppo_megatron_trainer.yaml")
     assert job.overrides == {"model_engine": "megatron"}

@@ -71,6 +71,8 @@ _CUDA_OOM = _rx(
     r"CUDA out of memory",
     # vLLM's cumem allocator on wake_up after a rollout sleep (verl-project/verl#302)
     r"(?i:CUDA error: out of memory)",
+    # CUDA driver API code 2 = CUDA_ERROR_OUT_OF_MEMORY, as sglang's memory pool reports it
+    r"CUresult error: 2 \(out of memory\)",
 )
 _HOST_OOM = _rx(
     # Ray memory monitor (verl-project/verl#2950, #1684)
@@ -84,6 +86,11 @@ _CONFIG = _rx(
     r"Could not override '",
     r"ConfigCompositionException",
     r"OverrideParseException",
+    # a structured config (verl's config dataclasses, hydra's instantiate) refusing a key the user set:
+    # "Key 'foo' not in 'FSDPActorConfig'". Not "Key '...' is not in struct", which verl's own code hits at run
+    # time (verl-project/verl#4157, tests/objectives/data/verl_failures/unknown__rollout_correction_config_key.log)
+    r"ConfigKeyError: Key '[^']+' not in '",
+    r"__init__\(\) got an unexpected keyword argument '",
     # verl's own checks, verl.md section 2 (verl/utils/config.py, workers/config/*.py, engine_workers.py)
     r"must be divisible by",
     r"should be divisible by",
@@ -158,7 +165,10 @@ def classify_failure(
         return Failure(FailureKind.INTERRUPTED, phase, "stopped by the operator (interrupt)")
     found = _find_evidence(lines)
     if found is not None:
-        kind, line = found
+        kind, line, at = found
+        # the phase at the error, not the last marker of the tail: lines logged after the error (other ranks,
+        # the driver's teardown) must not move a rollout OOM to update_actor
+        phase = _infer_phase(lines[: at + 1]) or phase
         requested = _requested_gib(line, lines) if kind is FailureKind.CUDA_OOM else None
         return Failure(kind, phase, _one_line(line), requested)
     if hung:
@@ -166,19 +176,20 @@ def classify_failure(
     return Failure(FailureKind.UNKNOWN, phase, _unknown_message(returncode, lines))
 
 
-def _find_evidence(lines: list[str]) -> tuple[FailureKind, str] | None:
-    """First kind (in `_EVIDENCE` order) with a matching line, and its last such line."""
+def _find_evidence(lines: list[str]) -> tuple[FailureKind, str, int] | None:
+    """First kind (in `_EVIDENCE` order) with a matching line, its last such line and that line's index."""
     for kind, pattern in _EVIDENCE:
-        line = _last_matching_line(lines, pattern, skip_warnings=kind is FailureKind.ENVIRONMENT)
-        if line is not None:
-            return kind, line
+        found = _last_matching_line(lines, pattern, skip_warnings=kind is FailureKind.ENVIRONMENT)
+        if found is not None:
+            return kind, *found
     return None
 
 
-def _last_matching_line(lines: list[str], pattern: re.Pattern[str], *, skip_warnings: bool) -> str | None:
-    for line in reversed(lines):
+def _last_matching_line(lines: list[str], pattern: re.Pattern[str], *, skip_warnings: bool) -> tuple[str, int] | None:
+    for index in range(len(lines) - 1, -1, -1):
+        line = lines[index]
         if pattern.search(line) and not (skip_warnings and _WARNING_LINE.search(line)):
-            return line
+            return line, index
     return None
 
 

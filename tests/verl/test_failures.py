@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from autotune.objectives.verl_failures import (
+from autotune.verl.failures import (
     MAX_MESSAGE_CHARS,
     Failure,
     FailureKind,
     classify_failure,
 )
-from autotune.objectives.verl_metrics import parse_console_line
+from autotune.verl.metrics import parse_console_line
 
-CORPUS = sorted((Path(__file__).parent / "data" / "verl_failures").glob("*.log"))
+CORPUS = sorted((Path(__file__).parents[1] / "objectives" / "data" / "verl_failures").glob("*.log"))
 EVIDENCE_KINDS = {
     FailureKind.CUDA_OOM,
     FailureKind.KV_CACHE_TOO_SMALL,
@@ -115,7 +115,7 @@ def test_hang_without_evidence():
 
 
 def log_lines_of_step_run() -> list[str]:
-    data = Path(__file__).parent / "data" / "verl_logs" / "notes_numpy2_v0.5.log"
+    data = Path(__file__).parents[1] / "objectives" / "data" / "verl_logs" / "notes_numpy2_v0.5.log"
     return [line for line in data.read_text(encoding="utf-8").splitlines() if not line.startswith("#")]
 
 

@@ -6,7 +6,7 @@ import yaml
 from autotune.errors import ConfigError
 from autotune.models import get_model
 from autotune.spaces.candidate import Candidate
-from autotune.storage.export import (ADDED_KEYS, best_yaml_text, hydra_overrides, model_engine, verl_overrides,
+from autotune.verl.export import (ADDED_KEYS, best_yaml_text, hydra_overrides, model_engine, verl_overrides,
                                      write_best_yaml)
 from autotune.workload import Workload
 
@@ -65,7 +65,7 @@ def test_best_yaml_names_ppo_trainer_and_only_sets_what_was_chosen(tmp_path):
 @pytest.mark.verl
 @pytest.mark.parametrize("name", sorted(CANDIDATES))
 def test_every_override_composes_with_verls_config_and_arrives(name):
-    from autotune.storage.verl_config import compose_overrides, select
+    from autotune.verl.compose import compose_overrides, select
 
     overrides = _overrides(name)
     cfg = compose_overrides(hydra_overrides(overrides, model_engine(CANDIDATES[name])))
@@ -76,7 +76,7 @@ def test_every_override_composes_with_verls_config_and_arrives(name):
 @pytest.mark.verl
 @pytest.mark.parametrize("name", sorted(CANDIDATES))
 def test_exported_best_yaml_composes_and_every_value_arrives(tmp_path, name):
-    from autotune.storage.verl_config import compose_exported, select
+    from autotune.verl.compose import compose_exported, select
 
     overrides = _overrides(name)
     path = write_best_yaml(tmp_path / "best.yaml", overrides, model_engine(CANDIDATES[name]), ["test"])
@@ -91,7 +91,7 @@ def test_exported_best_yaml_composes_and_every_value_arrives(tmp_path, name):
 
 @pytest.mark.verl
 def test_composition_fails_loudly_on_an_unknown_key():
-    from autotune.storage.verl_config import compose_overrides
+    from autotune.verl.compose import compose_overrides
 
     with pytest.raises(ConfigError, match="Could not override 'actor_rollout_ref.actor.megatron.grad_offload'"):
         compose_overrides(["model_engine=megatron", "actor_rollout_ref.actor.megatron.grad_offload=True"])
@@ -100,7 +100,7 @@ def test_composition_fails_loudly_on_an_unknown_key():
 @pytest.mark.verl
 @pytest.mark.parametrize("targets", ["all-linear", ["q_proj", "v_proj"]])
 def test_lora_rank_and_target_modules_compose_and_arrive(tmp_path, targets):
-    from autotune.storage.verl_config import compose_exported, compose_overrides, select
+    from autotune.verl.compose import compose_exported, compose_overrides, select
 
     workload = Workload(lora_rank=32, lora_target_modules=targets)
     overrides = verl_overrides(get_model("qwen2.5-7b"), workload, Candidate(), gpus_per_node=8, nodes=1)

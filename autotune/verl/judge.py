@@ -1,0 +1,280 @@
+"""verl 0.9.1 judges an export: compose it with verl's Hydra config and run verl's own start-up checks.
+
+Used by tests and benchmarks/verl_judge.py only; it imports verl (and its config dependencies: torch,
+ray, tensordict, transformers) lazily. What runs is verl's code, in the order its trainer and workers
+run it:
+
+1. Hydra composition of `ppo_trainer` with the overrides (unknown keys: "Could not override ...").
+2. `validate_config(config, use_reference_policy=need_reference_policy(config),
+   use_critic=need_critic(config))` (verl/trainer/main_ppo.py:177-181, verl/utils/config.py:88-217),
+   which also builds the actor's config dataclass and runs its `validate`.
+3. The worker's config dataclasses (verl/workers/engine_workers.py:538-651, `init_model`): the reference's
+   (after the same key renames the worker does, :545-553), the actor's and the rollout's, through
+   `omega_conf_to_dataclass`, whose `__post_init__` checks run; the worker's asserts on what it then reads
+   (:616, :628-633, :655-661).
+
+What cannot run on CPU (the model config, which downloads the tokenizer; the engines themselves) is listed
+in docs/verl-judge.md with why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import warnings
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
+
+
+def verdict(hydra_args: list[str]) -> str | None:
+    """None when verl accepts these command-line overrides; otherwise verl's reason, one line."""
+    from autotune.errors import ConfigError
+    from autotune.verl.compose import compose_overrides
+
+    try:
+        config = compose_overrides(hydra_args)
+    except ConfigError as exc:
+        return str(exc)
+    return verdict_config(config)
+
+
+def _lora_rank_check_without_vllm() -> None:
+    """validate_config checks a LoRA rank against vLLM's allowed ranks (verl/utils/config.py:205-207) through
+    `get_vllm_max_lora_rank`, whose module imports vLLM at its top. Without vLLM (CI has none), that one
+    function of verl's is loaded from verl's own source, with the rank list verl itself falls back to
+    (verl/workers/rollout/vllm_rollout/utils.py:83-102)."""
+    import ast
+    import importlib.util
+    import sys
+    import types
+    import typing
+    from pathlib import Path
+
+    name = "verl.workers.rollout.vllm_rollout.utils"
+    if name in sys.modules or importlib.util.find_spec("vllm") is not None:
+        return
+    path = Path(importlib.util.find_spec("verl").submodule_search_locations[0]) / "workers/rollout/vllm_rollout/utils.py"
+    tree = ast.parse(path.read_text())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "get_vllm_max_lora_rank")
+    module = types.ModuleType(name)
+    module.__file__ = str(path)
+    module.__dict__.update(Literal=typing.Literal, get_args=typing.get_args)
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), str(path), "exec"), module.__dict__)
+    package = types.ModuleType("verl.workers.rollout.vllm_rollout")
+    package.__path__ = [str(path.parent)]
+    package.utils = module
+    sys.modules.setdefault(package.__name__, package)
+    sys.modules[name] = module
+
+
+def verdict_config(config, *, private: bool = False) -> str | None:
+    """None when verl's start-up checks pass on this composed config; otherwise verl's reason. `private`: the
+    config is the caller's own copy, which the worker's renames may edit."""
+    from omegaconf import open_dict
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    _lora_rank_check_without_vllm()
+    config = config if private else copy.deepcopy(config)  # the worker's renames edit it
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            use_ref = need_reference_policy(config)
+            validate_config(config, use_reference_policy=use_ref, use_critic=need_critic(config))
+        aro = config.actor_rollout_ref
+        n_gpus = config.trainer.n_gpus_per_node * config.trainer.nnodes
+        if use_ref:
+            # the worker's renames before building the ref config (engine_workers.py:545-553)
+            with open_dict(aro.ref):
+                aro.ref.ppo_mini_batch_size = aro.actor.ppo_mini_batch_size
+                aro.ref.ppo_micro_batch_size = aro.ref.pop("log_prob_micro_batch_size", None)
+                aro.ref.ppo_micro_batch_size_per_gpu = aro.ref.pop("log_prob_micro_batch_size_per_gpu", None)
+                aro.ref.use_dynamic_bsz = aro.ref.pop("log_prob_use_dynamic_bsz", False)
+                aro.ref.ppo_max_token_len_per_gpu = aro.ref.pop("log_prob_max_token_len_per_gpu", None)
+            omega_conf_to_dataclass(aro.ref)
+        omega_conf_to_dataclass(aro.actor)
+        # engine_workers.py:616: a bare assert
+        assert aro.actor.use_dynamic_bsz == aro.rollout.log_prob_use_dynamic_bsz, \
+            "actor.use_dynamic_bsz != rollout.log_prob_use_dynamic_bsz (engine_workers.py:616)"
+        if aro.actor.use_dynamic_bsz:  # engine_workers.py:628-633
+            assert aro.rollout.log_prob_max_token_len_per_gpu is not None, "rollout.log_prob_max_token_len_per_gpu is None"
+            assert aro.actor.ppo_max_token_len_per_gpu is not None, "actor.ppo_max_token_len_per_gpu is None"
+        else:
+            assert aro.rollout.log_prob_micro_batch_size_per_gpu is not None, \
+                "rollout.log_prob_micro_batch_size_per_gpu is None"
+            assert aro.actor.ppo_micro_batch_size_per_gpu is not None, "actor.ppo_micro_batch_size_per_gpu is None"
+        rollout = omega_conf_to_dataclass(aro.rollout)
+        infer_world = (rollout.tensor_model_parallel_size * rollout.data_parallel_size
+                       * rollout.pipeline_model_parallel_size)
+        assert n_gpus % infer_world == 0, (  # engine_workers.py:655-661
+            f"rollout world_size: {n_gpus} is not divisible by infer_world_size: {infer_world}")
+    except Exception as exc:  # verl raises AssertionError, ValueError, TypeError, ConfigKeyError, ...
+        return _first_line(exc)
+    return None
+
+
+# ---- the judge over the search space ---------------------------------------------------------------
+
+SETUPS = {
+    # name: (model, gpus per node, nodes, workload changes, pinned knobs)
+    "dense-fsdp": ("qwen2.5-7b", 8, 1, {}, {"actor_engine": "fsdp"}),
+    "fsdp2-dynamic-bsz": ("qwen3-8b", 8, 1, {"max_response_length": 4096},
+                          {"actor_engine": "fsdp2", "use_dynamic_bsz": True}),
+    "megatron-tp-pp-vpp-cp": ("qwen2.5-32b", 8, 2, {"train_batch_size": 512, "ppo_mini_batch_size": 128},
+                              {"actor_engine": "megatron"}),
+    "moe-ep-etp": ("qwen3-30b-a3b", 8, 2, {"train_batch_size": 512, "ppo_mini_batch_size": 128},
+                   {"actor_engine": "megatron"}),
+    "lora": ("qwen2.5-7b", 8, 1, {"lora_rank": 64, "lora_target_modules": "all-linear"}, {}),
+    "in-reward-kl": ("qwen2.5-7b", 8, 1, {"use_kl_loss": False, "use_kl_in_reward": True}, {}),
+    "no-reference": ("llama-3.1-8b", 4, 1, {"use_kl_loss": False, "train_batch_size": 250,
+                                            "ppo_mini_batch_size": 50}, {}),
+}
+
+
+class _LazyComposer:
+    def __call__(self, overrides):
+        from autotune.verl.compose import Composer
+
+        if not hasattr(self, "_composer"):
+            self._composer = Composer()
+        return self._composer(overrides)
+
+
+_COMPOSER = _LazyComposer()
+
+
+def our_config_verdict(model, workload, candidate, *, gpus_per_node: int, nodes: int) -> list:
+    """Our rules that verl checks at start-up on the config alone (Violation.stage == "config")."""
+    from autotune.spaces.layout import ParallelLayout
+    from autotune.verl.rules import check
+
+    layout = ParallelLayout.of(candidate, workload, gpus_per_node=gpus_per_node, nodes=nodes)
+    return [v for v in check(model, workload, candidate, layout) if v.stage == "config"]
+
+
+def sample_setup(name: str, n_candidates: int, *, seed: int = 0):
+    """(model, workload, gpus_per_node, nodes, [candidates]) drawn at random from the setup's search space."""
+    from autotune.models import get_model
+    from autotune.workload import Workload
+
+    model_name, gpn, nodes, changes, fixed = SETUPS[name]
+    model, workload = get_model(model_name), Workload(**changes)
+    return model, workload, gpn, nodes, sample_space(model, workload, gpn, nodes, fixed, n_candidates, seed=seed)
+
+
+def sample_space(model, workload, gpn: int, nodes: int, fixed: dict, n_candidates: int, *, seed: int = 0) -> list:
+    import optuna
+
+    from autotune.spaces.space import SearchSpace
+
+    space = SearchSpace.build(model, workload, gpus_per_node=gpn, nodes=nodes, fixed=fixed)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    candidates = []
+    for _ in range(n_candidates):
+        trial = study.ask()
+        candidate, wl = space.suggest(trial, workload)
+        study.tell(trial, 0.0)
+        candidates.append(candidate)
+    return candidates
+
+
+def judge_setup(name: str, n_candidates: int, *, seed: int = 0) -> list[dict]:
+    """One row per candidate: what our rules say, what verl says, and whether they agree."""
+    model, workload, gpn, nodes, candidates = sample_setup(name, n_candidates, seed=seed)
+    return judge_candidates(name, model, workload, gpn, nodes, candidates)
+
+
+def judge_script(path, n_candidates: int, *, seed: int = 0, model_name: str | None = None) -> list[dict]:
+    """A verl launch script as the user's job (`--from`): its own configuration, then candidates from its space,
+    both engines, each exported with the script's other keys passed through."""
+    from autotune.verl.job_import import user_job
+    from autotune.verl.launch_script import import_launch_script
+
+    job = user_job(import_launch_script(path, {"HOME": "/home/user"}), model_name=model_name)
+    gpn, nodes = job.gpus_per_node or 8, job.nodes or 1
+    candidates = [job.baseline] + sample_space(job.model, job.workload, gpn, nodes, {}, n_candidates - 1, seed=seed)
+    return judge_candidates(f"script:{path.name}", job.model, job.workload, gpn, nodes, candidates,
+                            passthrough=job.passthrough)
+
+
+def judge_candidates(name: str, model, workload, gpn: int, nodes: int, candidates, *,
+                     passthrough: dict | None = None) -> list[dict]:
+    from autotune.errors import ConfigError
+    from autotune.verl.export import hydra_overrides, model_engine, verl_overrides
+
+    compose = _COMPOSER
+    rows = []
+    for candidate in candidates:
+        ours = our_config_verdict(model, workload, candidate, gpus_per_node=gpn, nodes=nodes)
+        overrides = verl_overrides(model, workload, candidate, gpus_per_node=gpn, nodes=nodes,
+                                   passthrough=passthrough)
+        try:
+            theirs = verdict_config(compose(hydra_overrides(overrides, model_engine(candidate))), private=True)
+        except ConfigError as exc:
+            theirs = str(exc)
+        rows.append({"setup": name, "candidate": candidate, "ours": [str(v) for v in ours], "verl": theirs,
+                     "agree": (not ours) == (theirs is None)})
+    return rows
+
+
+def _run_task(task: tuple) -> list[dict]:
+    kind, name, n, seed = task
+    if kind == "setup":
+        return judge_setup(name, n, seed=seed)
+    from pathlib import Path
+    return judge_script(Path(name), n, seed=seed, model_name=SCRIPT_MODELS.get(Path(name).name))
+
+
+# verl's own example scripts whose model path is not a known model as written (verl's script says model_path)
+SCRIPT_MODELS = {"qwen2-70b_grpo_32_h20_fsdp_vllm.sh": "qwen2.5-72b"}
+
+
+def run(tasks: list[tuple], *, processes: int = 2) -> list[dict]:
+    """Judge ("setup", name, n, seed) and ("script", path, n, seed) tasks over `processes` worker processes
+    (each composes and validates on its own; verl is imported once before the fork)."""
+    import multiprocessing
+
+    import verl.utils.config  # noqa: F401  (imported once, inherited by the workers)
+    import verl.trainer.ppo.utils  # noqa: F401
+
+    if processes <= 1:
+        return [row for task in tasks for row in _run_task(task)]
+    with multiprocessing.get_context("fork").Pool(processes) as pool:
+        return [row for rows in pool.map(_run_task, tasks, chunksize=1) for row in rows]
+
+
+def importable_scripts(folder) -> list:
+    """The launch scripts of `folder` that `--from` imports (the others say why in one line)."""
+    from pathlib import Path
+
+    from autotune.errors import ConfigError
+    from autotune.verl.job_import import user_job
+    from autotune.verl.launch_script import import_launch_script
+
+    out = []
+    for path in sorted(Path(folder).glob("*.sh")):
+        try:
+            user_job(import_launch_script(path, {"HOME": "/home/user"}), model_name=SCRIPT_MODELS.get(path.name))
+        except ConfigError:
+            continue
+        out.append(path)
+    return out
+
+
+def tasks(examples_folder, per_setup: int, per_script: int, seed: int = 0) -> list[tuple]:
+    """Every setup of SETUPS, then every importable verl example script (its own baseline first)."""
+    out = [("setup", name, per_setup, seed) for name in SETUPS]
+    out += [("script", str(path), per_script, seed) for path in importable_scripts(examples_folder)]
+    return out
+
+
+def summary(rows: list[dict]) -> dict:
+    return {"candidates": len(rows), "setups": len({r["setup"] for r in rows}),
+            "verl_refused": sum(r["verl"] is not None for r in rows),
+            "rules_refused": sum(bool(r["ours"]) for r in rows),
+            "disagreements": sum(not r["agree"] for r in rows)}
