@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields, replace
 
 from autotune.errors import ConfigError
 from autotune.knobs import ARO, JOB_KEYS, SYSTEM_BY_KEY, WORKLOAD_BY_KEY, kind_of
-from autotune.models import ModelSpec, get_model
+from autotune.models import ModelSpec
 from autotune.spaces.candidate import Candidate
 from autotune.workload import Workload
 
@@ -77,48 +77,91 @@ def _typed(field: str, key: str, value):
     raise ConfigError(f"{key}={value!r}: expected {expected} for {field}")
 
 
+def _shell_computed(text) -> bool:
+    """A value the shell computes at run time ($VAR, ${...}, $(...), backticks): never exported as text."""
+    return isinstance(text, str) and ("$" in text or "`" in text)
+
+
 def user_job(imported, *, model_name: str | None = None) -> UserJob:
-    """Split an ImportedJob (autotune/launch_script.py) into workload, baseline and passthrough."""
+    """Split an ImportedJob (autotune/launch_script.py) into workload, baseline and passthrough.
+
+    Every key that cannot be read is collected and reported in one ConfigError, so a script needs one
+    fix-and-rerun, not one per key. Passthrough values the shell computes are reported and left out of the
+    export (Hydra would read `${...}` as an interpolation and a `$(date)` as text)."""
+    from autotune.model_config import resolve_model
+
     unresolved = list(imported.unresolved)
+    errors: list[str] = []
+    dropped = set(getattr(imported, "unresolved_keys", ()) or ())
     values = {}
     for k, v in imported.overrides.items():
         if k.startswith("~"):
             continue
         try:
             values[k] = hydra_value(k.lstrip("+"), v)
-        except ConfigError:
-            if "$" not in v and "`" not in v:
-                raise
-            values[k] = v  # holds what the shell would compute at run time: kept verbatim, reported
-            unresolved.append(f"{k} (value {v!r} is computed by the shell at run time)")
+        except ConfigError as exc:
+            if not _shell_computed(v):
+                errors.append(str(exc).removeprefix("cannot read "))
+                continue
+            values[k] = v
+            dropped.add(k)
     unresolved += [f"{k} (deletion cannot be exported)" for k in imported.overrides if k.startswith("~")]
     config_name = (imported.config_name or "ppo_trainer").removesuffix(".yaml")
     if config_name not in ("ppo_trainer", "ppo_megatron_trainer"):
         unresolved.append(f"--config-name={imported.config_name} (only verl's ppo_trainer is read)")
-    path = values.get(f"{ARO}.model.path")
-    name = model_name or (path if isinstance(path, str) else None)
-    if not name:
-        raise ConfigError(f"{imported.source}: actor_rollout_ref.model.path is not set or not readable statically "
-                          f"(unresolved: {', '.join(imported.unresolved) or 'none'}); pass --model")
-    model = get_model(name)
+    path_key = f"{ARO}.model.path"
+    path = values.get(path_key)
+    model = None
+    if model_name:
+        try:
+            model = resolve_model(model_name)
+        except ConfigError as exc:
+            errors.append(str(exc))
+    elif path_key in dropped or _shell_computed(path):
+        errors.append(f"{path_key} is computed by the shell ({imported.overrides.get(path_key)}); pass --model "
+                      "or give it after --")
+    elif isinstance(path, str) and path:
+        try:
+            model = resolve_model(path)
+        except ConfigError as exc:
+            errors.append(f"{path_key}={path}: {exc}" if path not in str(exc) else str(exc))
+    elif path_key not in values and not any(e.startswith(path_key) for e in errors):
+        errors.append(f"{path_key} is not set; pass --model")
     workload_changes, candidate_changes, passthrough = {}, {}, {}
     if config_name == "ppo_megatron_trainer":  # verl's shim: ppo_trainer with model_engine=megatron
         candidate_changes["actor_engine"] = "megatron"
     for key, value in values.items():
         bare = key.lstrip("+")
         kind = kind_of(bare)
-        if kind == "workload" and WORKLOAD_BY_KEY[bare].field:
-            workload_changes[WORKLOAD_BY_KEY[bare].field] = _typed(WORKLOAD_BY_KEY[bare].field, key, value)
-        elif kind == "system" and SYSTEM_BY_KEY[bare].field:
-            field = SYSTEM_BY_KEY[bare].field
-            candidate_changes[field] = (value if field == "actor_engine" else _typed(field, key, value))
-        elif bare == "model_engine":
-            if value == "megatron":
-                candidate_changes["actor_engine"] = "megatron"
-        elif kind in ("system",) or bare in JOB_KEYS or bare in DEPRECATED_GLOBAL_MICRO:
+        modelled = (kind == "workload" and WORKLOAD_BY_KEY[bare].field) or (kind == "system" and SYSTEM_BY_KEY[bare].field)
+        if key in dropped or _shell_computed(value):
+            if modelled:
+                errors.append(f"{key}={imported.overrides.get(key, value)} (computed by the shell)")
+            elif bare != path_key.lstrip("+"):
+                unresolved.append(f"{key} (value {imported.overrides.get(key, value)!r} is computed by the shell "
+                                  "at run time; not exported, give it after --)")
             continue
-        else:
-            passthrough[bare] = value
+        try:
+            if kind == "workload" and WORKLOAD_BY_KEY[bare].field:
+                workload_changes[WORKLOAD_BY_KEY[bare].field] = _typed(WORKLOAD_BY_KEY[bare].field, key, value)
+            elif kind == "system" and SYSTEM_BY_KEY[bare].field:
+                field = SYSTEM_BY_KEY[bare].field
+                candidate_changes[field] = (value if field == "actor_engine" else _typed(field, key, value))
+            elif bare == "model_engine":
+                if value == "megatron":
+                    candidate_changes["actor_engine"] = "megatron"
+            elif kind in ("system",) or bare in JOB_KEYS or bare in DEPRECATED_GLOBAL_MICRO:
+                continue
+            else:
+                passthrough[bare] = value
+        except ConfigError as exc:
+            errors.append(str(exc))
+    if errors:
+        raise ConfigError(f"{imported.source}: cannot read {len(errors)} key(s) statically, all of them: "
+                          + "; ".join(dict.fromkeys(errors))
+                          + "; give their values after --, e.g. -- KEY=VALUE (or --model for the model)")
+    if model is not None and model_name is None and isinstance(path, str):
+        passthrough.pop(path_key, None)  # the model's own path is exported through ModelSpec.path
     gpn, nodes = values.get("trainer.n_gpus_per_node"), values.get("trainer.nnodes")
     for key, field in DEPRECATED_GLOBAL_MICRO.items():
         if key in values and isinstance(gpn, int):

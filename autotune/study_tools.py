@@ -208,7 +208,7 @@ def worker_config(study, *, storage_url: str, trials: int, out_dir: Path, seed: 
 
     from autotune.config import TuneConfig, load_tune_yaml
     from autotune.hardware import detect_host_mem_gib, get_gpu
-    from autotune.models import get_model
+    from autotune.models import model_from_identity
     from autotune.search.driver import build_space
     from autotune.storage.results import identity_of, workload_of
     from autotune.storage.settings import stored_settings
@@ -235,7 +235,7 @@ def worker_config(study, *, storage_url: str, trials: int, out_dir: Path, seed: 
         if diff:
             raise ConfigError(f"--config {config} differs from study {study.study_name!r} in: {', '.join(diff)}; "
                               "leave --config out to use the study's own settings")
-    cfg = TuneConfig(model=get_model(identity["model"]), gpu=get_gpu(identity["gpu"]),
+    cfg = TuneConfig(model=model_from_identity(identity), gpu=get_gpu(identity["gpu"]),
                      gpus_per_node=identity["gpus_per_node"], nodes=identity["nodes"], backend=identity["backend"],
                      trials=trials, storage_url=storage_url, study_name=study.study_name, out_dir=out_dir, seed=seed,
                      workload=workload, host_mem_gib=None if identity["backend"] == "sim" else detect_host_mem_gib(),

@@ -35,7 +35,7 @@ def workload_overrides(model: ModelSpec, workload: Workload, *, gpus_per_node: i
         "data.train_batch_size": workload.train_batch_size,
         "data.max_prompt_length": workload.max_prompt_length,
         "data.max_response_length": workload.max_response_length,
-        f"{ARO}.model.path": model.hf_id,
+        f"{ARO}.model.path": model.model_path,  # the user's exact string, never a look-alike
         f"{ARO}.actor.ppo_mini_batch_size": workload.ppo_mini_batch_size,
         f"{ARO}.actor.ppo_epochs": workload.ppo_epochs,
         f"{ARO}.actor.use_kl_loss": workload.use_kl_loss,
@@ -203,18 +203,24 @@ def write_best_yaml(path: Path, overrides: dict, engine: str, header: list[str])
 def export_header(*, model: ModelSpec, gpu_name: str, gpus_per_node: int, nodes: int, backend: str,
                   simulated: bool, study: str, trial: int, tokens_per_s_per_gpu: float, mfu: float | None,
                   peak_mem_gib: float, baseline_tokens_per_s_per_gpu: float | None,
-                  tuned_workload_knobs: tuple[str, ...], config_dir: Path) -> list[str]:
+                  tuned_workload_knobs: tuple[str, ...], config_dir: Path, baseline_label: str = "verl default",
+                  baseline_trial: int | None = None, verl_default_tokens_per_s_per_gpu: float | None = None) -> list[str]:
     kind = "SIMULATED by the calibrated model, not measured" if simulated else f"measured by the {backend} backend"
     lines = [
         "autotune export: verl 0.9.1 GRPO configuration",
-        f"model: {model.name} ({model.hf_id}); GPUs: {nodes} node(s) x {gpus_per_node} {gpu_name}",
+        f"model: {model.model_path}; GPUs: {nodes} node(s) x {gpus_per_node} {gpu_name}",
         f"study: {study}, trial {trial}; backend: {backend}; simulated: {str(simulated).lower()}",
         f"score ({kind}): {tokens_per_s_per_gpu:.1f} tokens/s/GPU, actor MFU "
         f"{'n/a' if mfu is None else f'{mfu:.3f}'}, peak memory {peak_mem_gib:.1f} GiB",
     ]
     if baseline_tokens_per_s_per_gpu:
         gain = tokens_per_s_per_gpu / baseline_tokens_per_s_per_gpu
-        lines.append(f"verl default baseline: {baseline_tokens_per_s_per_gpu:.1f} tokens/s/GPU (x{gain:.2f})")
+        trial_text = "" if baseline_trial is None else f" (trial {baseline_trial})"
+        lines.append(f"baseline, {baseline_label}{trial_text}: {baseline_tokens_per_s_per_gpu:.1f} tokens/s/GPU; "
+                     f"this configuration x{gain:.2f}")
+    if verl_default_tokens_per_s_per_gpu:
+        lines.append(f"verl's default configuration: {verl_default_tokens_per_s_per_gpu:.1f} tokens/s/GPU; this "
+                     f"configuration x{tokens_per_s_per_gpu / verl_default_tokens_per_s_per_gpu:.2f}")
     if tuned_workload_knobs:
         lines.append("WORKLOAD CHANGED (opted in): " + ", ".join(tuned_workload_knobs)
                      + " were tuned; the model may learn differently than with your values")
