@@ -52,7 +52,7 @@ EXIT_REJECTED = 6  # a configuration verl itself would refuse (e.g. a token budg
 REQUEST_FILE = "request.json"
 RESULT_FILE = "result.json"
 LOG_FILE = "probe.log"  # the driver keeps run_dir/probe.log as the trial's artifact
-_INSTALL_HINT = "the torch backend needs `pip install 'autotune[torch]'`"
+_INSTALL_HINT = "the torch backend needs `pip install 'verl-autotune[torch]'`"
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding `autotune/`
 
 

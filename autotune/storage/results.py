@@ -98,6 +98,22 @@ def write_result_json(path: Path, doc: dict) -> Path:
     return path
 
 
+def best_overrides(study: optuna.Study) -> list[str]:
+    """The best trial as `key=value` lines (Hydra override syntax) to paste into a launch script."""
+    from autotune.storage.export import hydra_overrides
+
+    best = best_records(study, k=1)
+    if not best:
+        raise ConfigError(f"study {study.study_name!r} has no finished feasible trial to export yet")
+    identity = identity_of(study)
+    attrs = study.trials[best[0].number].user_attrs
+    candidate = Candidate.from_params(attrs["candidate"])
+    overrides = verl_overrides(model_from_identity(identity), workload_of(identity, attrs), candidate,
+                               gpus_per_node=identity["gpus_per_node"], nodes=identity["nodes"],
+                               passthrough=identity.get("passthrough") or {})
+    return hydra_overrides(overrides, model_engine(candidate))
+
+
 def export_best(study: optuna.Study, out_dir: Path) -> Path:
     """Write OUT/best.yaml from the best feasible measured trial of a stored study."""
     best = best_records(study, k=1)
