@@ -76,7 +76,7 @@ def print_best_table(study: optuna.Study, *, simulated: bool, k: int = 5) -> Non
     _console.print(table)
     if base is not None and not base.feasible_measurement:
         _console.print(f"trial {base.number} ({label}): {base.state}, {base.reason}", markup=False)
-    _console.print(LEGEND, markup=False)
+    _console.print(LEGEND, markup=False, soft_wrap=True)
 
 
 def print_trials(study: optuna.Study) -> None:
@@ -100,7 +100,7 @@ def print_trials(study: optuna.Study) -> None:
     _console.print(f"* {label}: the baseline (trial 0)" + ("; d verl's default configuration" if default else "")
                    + ("; BEST the best feasible trial, the one `autotune export` writes" if best_number is not None
                       else "; no feasible trial yet"), markup=False)
-    _console.print(LEGEND, markup=False)
+    _console.print(LEGEND, markup=False, soft_wrap=True)
 
 
 def print_gpus() -> None:
