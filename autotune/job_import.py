@@ -134,7 +134,9 @@ def user_job(imported, *, model_name: str | None = None) -> UserJob:
         bare = key.lstrip("+")
         kind = kind_of(bare)
         modelled = (kind == "workload" and WORKLOAD_BY_KEY[bare].field) or (kind == "system" and SYSTEM_BY_KEY[bare].field)
-        if key in dropped or _shell_computed(value):
+        raw = str(imported.overrides.get(key, value))
+        data_file = kind == "workload" and WORKLOAD_BY_KEY[bare].field in ("train_files", "val_files")
+        if (key in dropped or _shell_computed(value)) and not (data_file and "$(" not in raw and "`" not in raw):
             if modelled:
                 errors.append(f"{key}={imported.overrides.get(key, value)} (computed by the shell)")
             elif bare != path_key.lstrip("+"):
@@ -160,8 +162,6 @@ def user_job(imported, *, model_name: str | None = None) -> UserJob:
         raise ConfigError(f"{imported.source}: cannot read {len(errors)} key(s) statically, all of them: "
                           + "; ".join(dict.fromkeys(errors))
                           + "; give their values after --, e.g. -- KEY=VALUE (or --model for the model)")
-    if model is not None and model_name is None and isinstance(path, str):
-        passthrough.pop(path_key, None)  # the model's own path is exported through ModelSpec.path
     gpn, nodes = values.get("trainer.n_gpus_per_node"), values.get("trainer.nnodes")
     for key, field in DEPRECATED_GLOBAL_MICRO.items():
         if key in values and isinstance(gpn, int):
