@@ -145,8 +145,11 @@ def dashboard_storage(inner):
         return lambda self, *args, **kwargs: getattr(inner, name)(*args, **kwargs)
 
     namespace = {name: forward(name) for name in BaseStorage.__abstractmethods__}
-    namespace["get_all_trials"] = lambda self, *args, **kwargs: [
-        placeholder_free(t) for t in inner.get_all_trials(*args, **kwargs)]
+    def get_all_trials(self, study_id, deepcopy=True, states=None):
+        shown = [placeholder_free(t) for t in inner.get_all_trials(study_id, deepcopy=deepcopy)]
+        return shown if states is None else [t for t in shown if t.state in states]  # after the relabelling
+
+    namespace["get_all_trials"] = get_all_trials
     namespace["get_trial"] = lambda self, trial_id: placeholder_free(inner.get_trial(trial_id))
     namespace["__getattr__"] = lambda self, name: getattr(inner, name)
     return type("DashboardStorageView", (BaseStorage,), namespace)()

@@ -97,7 +97,8 @@ def print_trials(study: optuna.Study) -> None:
                       "" if r.peak_mem_gib is None else f"{r.peak_mem_gib:.1f}", detail)
     _console.print(table)
     label = baseline_label(study)
-    _console.print(f"* {label}: the baseline (trial 0)" + ("; d verl's default configuration" if default else "")
+    base_text = "your job (baseline)" if label == "your job" else "verl's default configuration (baseline)"
+    _console.print(f"* {base_text}" + ("; d verl's default configuration" if default else "")
                    + ("; BEST the best feasible trial, the one `autotune export` writes" if best_number is not None
                       else "; no feasible trial yet"), markup=False)
     _console.print(LEGEND, markup=False, soft_wrap=True)
