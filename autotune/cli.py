@@ -356,7 +356,9 @@ def cmd_run(args) -> int:
     result = write_result_json(cfg.out_dir / "result.json", doc)
     print_best_table(study, simulated=doc["simulated"])
     if not args.quiet:
-        print(status_line(doc, cfg.trials))
+        from autotune.search.driver import finished_count
+
+        print(status_line(doc, cfg.trials, finished_count(study)))
     if doc["best"] is None:
         print(f"no feasible configuration found in {doc['trials_total']} trials; nothing exported "
               f"(see `autotune show --out {args.out}`)")
@@ -365,9 +367,8 @@ def cmd_run(args) -> int:
     return 0
 
 
-def status_line(doc: dict, target: int) -> str:
+def status_line(doc: dict, target: int, done: int) -> str:
     """The run's last word, from the stored study (result.json), so it names the trial best.yaml exports."""
-    done = doc["trials_total"]
     sim = " SIMULATED" if doc["simulated"] else ""
     best = doc["best"]
     if best is None:
@@ -378,7 +379,7 @@ def status_line(doc: dict, target: int) -> str:
             text += f", x{doc['speedup_vs_baseline']:.2f} vs {doc['baseline_is']} (trial {doc['baseline']['trial']})"
         if doc.get("speedup_vs_verl_default"):
             text += f", x{doc['speedup_vs_verl_default']:.2f} vs verl default (trial {doc['verl_default']['trial']})"
-    return (f"{doc['study']}: {done}/{target} trials stored{sim}; {text}; failures: oom {doc['trials_failed_oom']}, "
+    return (f"{doc['study']}: {done}/{target} trials finished{sim}; {text}; failures: oom {doc['trials_failed_oom']}, "
             f"rejected {doc['trials_rejected_before_launch']}, failed {doc['trials_failed']}")
 
 

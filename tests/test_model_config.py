@@ -255,7 +255,7 @@ def test_resume_status_line_names_the_exported_trial(tmp_path):
     assert cli(*args, "--trials", 6).returncode == 0
     proc = cli(*args, "--trials", 8)
     assert proc.returncode == 0, proc.stderr
-    status = [line for line in proc.stdout.splitlines() if "trials stored" in line]
+    status = [line for line in proc.stdout.splitlines() if "trials finished" in line]
     assert len(status) == 1 and "none yet" not in proc.stdout
     best_trial = json.loads((tmp_path / "result.json").read_text())["best"]["trial"]
     assert f"(trial {best_trial}, exported)" in status[0]
@@ -265,7 +265,7 @@ def test_resume_status_line_names_the_exported_trial(tmp_path):
 def test_no_status_line_before_an_error(tmp_path):
     proc = cli("run", "--model", "qwen2.5-1.5b", "--gpus", 2, "--backend", "sim", "--out", tmp_path,
                "--storage", "postgresql+psycopg://nobody@127.0.0.1:1/none")
-    assert proc.returncode == 2 and "trials stored" not in proc.stdout and "trials done" not in proc.stdout
+    assert proc.returncode == 2 and "trials finished" not in proc.stdout and "trials done" not in proc.stdout
 
 
 # ---- item 9: report, estimate, show, legend, export overrides, dashboard -------------------------------
