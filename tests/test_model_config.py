@@ -335,7 +335,9 @@ def test_distribution_name_and_matplotlib_core():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["name"] == "verl-autotune" and project["scripts"]["autotune"] == "autotune.cli:main"
     assert any(d.startswith("matplotlib") for d in project["dependencies"])
-    hints = subprocess.run(["git", "grep", "-n", "autotune\\["], cwd=ROOT, capture_output=True, text=True).stdout
+    hints = subprocess.run(["git", "grep", "-n", "autotune\\[", "--", "README.md", "docs", "autotune", "pyproject.toml"],
+                           cwd=ROOT, capture_output=True, text=True).stdout
+    assert "verl-autotune[torch]" in hints
     assert all("verl-autotune[" in line for line in hints.splitlines() if "pip install" in line), hints
 
 
@@ -367,7 +369,9 @@ def test_every_verl_example_runs_from_or_fails_in_one_line(tmp_path, offline_cac
     trial0 = optuna.load_study(study_name=None, storage=f"sqlite:///{out / 'autotune.db'}").trials[0]
     assert trial0.user_attrs.get("baseline") and trial0.user_attrs.get("label") == "your job"
     job = load_user_job(path, [], None)
-    assert trial0.user_attrs["candidate"] == job.baseline.as_params()  # its own values, not verl's
+    own = job.baseline.as_params()
+    assert trial0.params and all(own[k] == pytest.approx(v) for k, v in trial0.params.items()), (
+        trial0.params, own)  # every knob the study searches holds the job's own value, not verl's
     imported = import_launch_script(path, os.environ)
     if doc["best"] is not None:
         best = yaml.safe_load((out / "best.yaml").read_text())
