@@ -15,6 +15,10 @@ from autotune.argtypes import positive_float, positive_int, whole_int, writable_
 from autotune.errors import AutotuneError, ConfigError
 
 EPILOG = """examples:
+  autotune run --model Qwen/Qwen2.5-7B --gpus 8          # an HF id (config.json from the local HF cache)
+  autotune run --model /models/my-qwen --gpus 8          # a local model folder, exported as that path
+  autotune estimate --model Qwen/Qwen2.5-7B --gpus 8 --gpu H100   # verl's defaults, no search
+  autotune gpus                                          # GPU types and the names they go by
   autotune run --model qwen2.5-7b --gpus 8              # search, store, export best.yaml
   autotune run --model qwen2.5-7b --gpus 8 --config tune.yaml --trials 60
   autotune run --from run_grpo.sh --gpus 8 -- trainer.total_epochs=3   # start from your own verl job
@@ -38,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     run = sub.add_parser("run", help="search for the fastest configuration and export it")
-    run.add_argument("--model", help="model name (see `autotune models`); or `model:` in tune.yaml")
+    run.add_argument("--model", help="a Hugging Face id or a local model folder (shapes from its config.json; "
+                                     "`autotune models` lists the built-in fallback); or `model:` in tune.yaml")
     run.add_argument("--gpus", type=whole_int, help="GPUs per node (default: the --from job's trainer.n_gpus_per_node)")
     run.add_argument("--from", dest="from_job", type=Path,
                      help="your verl launch script (.sh) or config (.yaml): its workload is held fixed, its system "
@@ -55,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", default="autotune-out", help="output folder (default ./autotune-out)")
     run.add_argument("--seed", type=whole_int, default=None, help="sampler seed")
     run.add_argument("--config", type=Path, help="tune.yaml: workload, pinned knobs, narrowed ranges")
-    run.add_argument("--gpu", help="GPU type when none is detected (default H200; see hardware table)")
+    run.add_argument("--gpu", help="GPU type when none is detected (default H200; `autotune gpus` lists names)")
     run.add_argument("--host-mem-gib", type=positive_float,
                      help="RAM per node for offloaded states (default: this machine's when probes run here; "
                           "unchecked for sim and Ray unless given)")
@@ -77,11 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     est = sub.add_parser("estimate", help="predict one configuration: rules, memory by component, time by phase",
                          description="Evaluates your job without searching, with the calibrated model (SIMULATED).")
-    est.add_argument("--from", dest="from_job", type=Path, required=True, help="verl launch script or YAML config")
+    est.add_argument("--from", dest="from_job", type=Path, help="verl launch script or YAML config (else --model and "
+                                                               "--gpus with verl's defaults and tune.yaml's workload)")
+    est.add_argument("--config", type=Path, help="tune.yaml: the workload when there is no --from")
     est.add_argument("--gpus", type=whole_int, help="GPUs per node (default: the job's trainer.n_gpus_per_node)")
     est.add_argument("--nodes", type=whole_int, help="nodes (default: the job's trainer.nnodes)")
     est.add_argument("--gpu", help="GPU type (default: detected, else H200)")
-    est.add_argument("--model", help="model name when the job's model.path is not readable")
+    est.add_argument("--model", help="a Hugging Face id or local model folder (with --from: replaces model.path)")
     est.add_argument("--json", action="store_true", help="machine-readable output")
     est.add_argument("--mean-response-length", type=whole_int, metavar="TOKENS",
                      help="typical response length (verl's response_length/mean): time is priced over it and memory "
@@ -89,15 +96,21 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("overrides", nargs="*", help=argparse.SUPPRESS)
     est.set_defaults(func=cmd_estimate)
 
-    models = sub.add_parser("models", help="list the known models and their shapes")
+    models = sub.add_parser("models", help="list the built-in models (the fallback when no config.json is at hand)")
     models.set_defaults(func=cmd_models)
 
-    for name, helptext, func in (("show", "print a stored study's trials", "cmd_show"),
+    gpus = sub.add_parser("gpus", help="list the GPU types, their aliases and figures, and the detected GPU")
+    gpus.set_defaults(func=cmd_gpus)
+
+    for name, helptext, func in (("show", "print a stored study's trials (the best marked)", "cmd_show"),
                                  ("export", "write best.yaml from a stored study", "cmd_export")):
         cmd = sub.add_parser(name, help=helptext)
         cmd.add_argument("--out", default="autotune-out", help="output folder (default ./autotune-out)")
         cmd.add_argument("--storage", help="study database URL (default: sqlite:///OUT/autotune.db)")
         cmd.add_argument("--study", help="study name (default: the only study in the storage)")
+        if name == "export":
+            cmd.add_argument("--format", choices=("yaml", "overrides"), default="yaml",
+                             help="yaml: OUT/best.yaml (default); overrides: print key=value lines for a launch script")
         cmd.set_defaults(func=globals()[func])
 
     from autotune.study_tools import add_commands
@@ -139,7 +152,7 @@ def build_tune_config(args):
     """Validate everything the user gave, without touching storage."""
     from autotune.config import TuneConfig, TuneYaml, check_study_name, default_study_name, load_tune_yaml
     from autotune.hardware import DEFAULT_GPU, detect_gpus, detect_host_mem_gib, get_gpu, match_device_name
-    from autotune.models import get_model
+    from autotune.model_config import resolve_model
     from autotune.objectives.select import choose_backend
     from autotune.search.driver import build_space
     from autotune.search.feasibility import require_fit
@@ -162,7 +175,7 @@ def build_tune_config(args):
     model_name = args.model or tune.model or (job.model.name if job else None)
     if not model_name:
         raise ConfigError("--model is required (or `model:` in tune.yaml); see `autotune models`")
-    model = job.model if job is not None and not (args.model or tune.model) else get_model(model_name)
+    model = job.model if job is not None and not (args.model or tune.model) else resolve_model(model_name)
     detected = detect_gpus()
     if getattr(args, "executor", "local") == "ray" and args.backend in ("torch", "verl"):
         from autotune.objectives.select import BackendChoice
@@ -172,13 +185,7 @@ def build_tune_config(args):
     if choice.name != "sim" and detected is not None and args.nodes == 1 and args.gpus > detected.count \
             and getattr(args, "executor", "local") == "local":
         raise ConfigError(f"--gpus {args.gpus} but this machine has {detected.count} GPU(s)")
-    gpu_name = args.gpu or tune.gpu
-    if gpu_name:
-        gpu = get_gpu(gpu_name)
-    elif detected is not None and match_device_name(detected.device_name):
-        gpu = match_device_name(detected.device_name)
-    else:
-        gpu = get_gpu(DEFAULT_GPU)
+    gpu, gpu_how = choose_gpu(args.gpu or tune.gpu, detected)
     out_dir = writable_folder(args.out)
     storage_url = check_storage_url(args.storage or default_storage_url(out_dir))
     study = check_study_name(args.study or default_study_name(model, args.gpus, args.nodes, choice.name))
@@ -192,18 +199,39 @@ def build_tune_config(args):
                      tune_workload=tune_workload, probe=tune.probe, search=tune.search, budget=tune.budget,
                      baseline=job.baseline if job else None, passthrough=job.passthrough if job else {},
                      source=str(args.from_job) if job else None, host_mem_gib=host_mem_gib)
-    if job is not None:
-        print(f"read {args.from_job}: {model.name}, workload held fixed (train batch {job.workload.train_batch_size}, "
-              f"mini {job.workload.ppo_mini_batch_size}, n {job.workload.rollout_n}, prompt "
-              f"{job.workload.max_prompt_length}, response {job.workload.max_response_length}); your system knobs are "
-              f"the baseline; {len(job.passthrough)} other keys pass through")
-        for name in job.unresolved:
-            print(f"not read statically: {name}")
     build_space(cfg)  # validates fixed/ranges/tune_workload against the model and GPU count
     require_fit(model, gpu, cfg.workload, gpus_per_node=cfg.gpus_per_node, nodes=cfg.nodes)
+    print(first_line(model, gpu, gpu_how, cfg.gpus_per_node, cfg.nodes, cfg.workload,
+                     f"from {args.from_job}" if job else ("from " + str(args.config) if args.config else "default")))
+    if job is not None:
+        print(f"read {args.from_job}: workload held fixed; your job is trial 0, the baseline the speedup is measured "
+              f"against; {len(job.passthrough)} other keys pass through")
+        for name in job.unresolved:
+            print(f"not read statically: {name}")
     if choice.note:
         print(choice.note)
     return cfg
+
+
+def choose_gpu(name: str | None, detected):
+    """The GPU type and how it was chosen: given (--gpu / tune.yaml), detected, or assumed."""
+    from autotune.hardware import DEFAULT_GPU, get_gpu, match_device_name
+
+    if name:
+        return get_gpu(name, detected), f"given as {name}"
+    if detected is not None and match_device_name(detected.device_name):
+        return match_device_name(detected.device_name), f"detected: {detected.device_name}"
+    return get_gpu(DEFAULT_GPU), f"assumed, none detected; --gpu to change"
+
+
+def first_line(model, gpu, gpu_how: str, gpus_per_node: int, nodes: int, workload, workload_from: str) -> str:
+    """What the run assumes, before anything else: model and where its shapes came from, GPU, count, workload."""
+    lora = f", LoRA rank {workload.lora_rank}" if workload.lora_rank else ""
+    return (f"model {model.model_path} (shapes from {model.shapes_from or 'autotune built-in table'}); "
+            f"GPU {gpu.name} {gpu.mem_gib:.0f} GiB ({gpu_how}); {gpus_per_node} GPUs x {nodes} node(s); workload "
+            f"({workload_from}): train batch {workload.train_batch_size}, mini {workload.ppo_mini_batch_size}, "
+            f"n {workload.rollout_n}, prompt {workload.max_prompt_length}, response {workload.max_response_length}"
+            f"{lora}")
 
 
 def load_user_job(path: Path, overrides: list[str], model_name: str | None):
@@ -228,27 +256,69 @@ def cmd_estimate(args) -> int:
     import json
 
     from autotune.estimate import estimate, render
-    from autotune.hardware import DEFAULT_GPU, detect_gpus, get_gpu, match_device_name
+    from autotune.hardware import detect_gpus
 
+    if args.from_job is None:
+        return _estimate_flags(args)
+    if args.config is not None:
+        raise ConfigError("--config gives the workload only without --from; the workload comes from --from")
     job = load_user_job(args.from_job, args.overrides, args.model)
     gpus = args.gpus if args.gpus is not None else job.gpus_per_node
     nodes = args.nodes if args.nodes is not None else (job.nodes or 1)
     if gpus is None or gpus < 1 or nodes < 1:
         raise ConfigError("--gpus (GPUs per node, >= 1) is required when the job does not set trainer.n_gpus_per_node")
-    detected = detect_gpus()
-    gpu = get_gpu(args.gpu) if args.gpu else (match_device_name(detected.device_name) if detected and
-                                               match_device_name(detected.device_name) else get_gpu(DEFAULT_GPU))
+    gpu, gpu_how = choose_gpu(args.gpu, detect_gpus())
     workload = job.workload
     if args.mean_response_length is not None:
         from dataclasses import replace
 
         workload = replace(workload, mean_response_length=min(args.mean_response_length, workload.max_response_length))
+    if not args.json:
+        print(first_line(job.model, gpu, gpu_how, gpus, nodes, workload, f"from {args.from_job}"))
     result = estimate(job.model, gpu, workload, job.baseline, gpus_per_node=gpus, nodes=nodes)
     if args.json:
-        print(json.dumps({**result.as_dict(), "source": str(args.from_job), "unresolved": list(job.unresolved)},
+        print(json.dumps({**result.as_dict(), "source": str(args.from_job), "model_path": job.model.model_path,
+                          "shapes_from": job.model.shapes_from, "unresolved": list(job.unresolved)},
                          indent=2, default=str))
     else:
         print(render(result, str(args.from_job), job.unresolved))
+    return 0
+
+
+def _estimate_flags(args) -> int:
+    """`estimate --model M --gpus N`: verl's default configuration for that model on that many GPUs."""
+    import json
+
+    from autotune.config import load_tune_yaml
+    from autotune.estimate import estimate, render
+    from autotune.hardware import detect_gpus
+    from autotune.model_config import resolve_model
+    from autotune.spaces.space import verl_default_candidate
+
+    if args.overrides:
+        raise ConfigError(f"unexpected arguments {args.overrides}; Hydra overrides need --from")
+    tune = load_tune_yaml(args.config)
+    name = args.model or tune.model
+    if not name:
+        raise ConfigError("estimate needs --from SCRIPT|CONFIG, or --model and --gpus")
+    if args.gpus is None or args.gpus < 1:
+        raise ConfigError("--gpus (GPUs per node, >= 1) is required with --model")
+    nodes = args.nodes if args.nodes is not None else 1
+    if nodes < 1:
+        raise ConfigError(f"--nodes must be at least 1, but got --nodes {nodes}")
+    model = resolve_model(name)
+    gpu, gpu_how = choose_gpu(args.gpu or tune.gpu, detect_gpus())
+    workload = tune.workload
+    cand = verl_default_candidate(model, workload, gpus_per_node=args.gpus, nodes=nodes)
+    source = f"{model.model_path} with verl's default configuration"
+    if args.json:
+        print(json.dumps({**estimate(model, gpu, workload, cand, gpus_per_node=args.gpus, nodes=nodes).as_dict(),
+                          "source": source, "model_path": model.model_path, "shapes_from": model.shapes_from},
+                         indent=2, default=str))
+        return 0
+    print(first_line(model, gpu, gpu_how, args.gpus, nodes, workload,
+                     f"from {args.config}" if args.config else "autotune's default"))
+    print(render(estimate(model, gpu, workload, cand, gpus_per_node=args.gpus, nodes=nodes), source, ()))
     return 0
 
 
@@ -260,6 +330,7 @@ def cmd_run(args) -> int:
     from autotune.ui import print_best_table
 
     cfg = build_tune_config(args)
+    label = "your job" if cfg.baseline is not None else "verl default"
     if cfg.host_mem_gib is not None:
         from autotune.objectives.host_memory import HOST_HEADROOM
 
@@ -269,7 +340,8 @@ def cmd_run(args) -> int:
         from autotune.search.ray_executor import run_study_ray
 
         with RunProgress(cfg.trials, study_name=cfg.study_name, simulated=cfg.backend == "sim",
-                         warmup_steps=cfg.probe.warmup_steps, quiet=args.quiet) as progress:
+                         warmup_steps=cfg.probe.warmup_steps, quiet=args.quiet, baseline_label=label,
+                         final_summary=False) as progress:
             study = run_study_ray(cfg, address=args.ray_address, on_trial=progress.on_trial)
     else:
         runner = get_runner(cfg.backend)
@@ -281,14 +353,20 @@ def cmd_run(args) -> int:
             print(f"the {cfg.backend} backend measures only: "
                   + "; ".join(f"{k} in {', '.join(map(str, v))}" for k, v in narrowed.items()))
         with RunProgress(cfg.trials, study_name=cfg.study_name, simulated=runner.simulated,
-                         warmup_steps=cfg.probe.warmup_steps, quiet=args.quiet) as progress:
-            study = run_study(cfg, runner, on_trial=progress.on_trial, on_step=progress.on_step)
+                         warmup_steps=cfg.probe.warmup_steps, quiet=args.quiet, baseline_label=label,
+                         final_summary=False) as progress:
+            study = run_study(cfg, runner, on_trial=progress.on_trial, on_step=progress.on_step,
+                              on_start=lambda s: progress.preload(s.get_trials(deepcopy=False)))
     doc = summary(study, cfg.storage_url)
     if doc["best"] is not None:
         best_yaml = export_best(study, cfg.out_dir)
         doc["best_yaml"] = str(best_yaml)
     result = write_result_json(cfg.out_dir / "result.json", doc)
     print_best_table(study, simulated=doc["simulated"])
+    if not args.quiet:
+        from autotune.search.driver import finished_count
+
+        print(status_line(doc, cfg.trials, finished_count(study)))
     if doc["best"] is None:
         print(f"no feasible configuration found in {doc['trials_total']} trials; nothing exported "
               f"(see `autotune show --out {args.out}`)")
@@ -297,7 +375,30 @@ def cmd_run(args) -> int:
     return 0
 
 
-# ---- models, show, export ---------------------------------------------------------------------------------
+def status_line(doc: dict, target: int, done: int) -> str:
+    """The run's last word, from the stored study (result.json), so it names the trial best.yaml exports."""
+    sim = " SIMULATED" if doc["simulated"] else ""
+    best = doc["best"]
+    if best is None:
+        text = "best none"
+    else:
+        text = f"best {best['tokens_per_s_per_gpu']:.0f} tok/s/GPU (trial {best['trial']}, exported)"
+        if doc.get("speedup_vs_baseline"):
+            text += f", x{doc['speedup_vs_baseline']:.2f} vs {doc['baseline_is']} (trial {doc['baseline']['trial']})"
+        if doc.get("speedup_vs_verl_default"):
+            text += f", x{doc['speedup_vs_verl_default']:.2f} vs verl default (trial {doc['verl_default']['trial']})"
+    return (f"{doc['study']}: {done}/{target} trials finished{sim}; {text}; failures: oom {doc['trials_failed_oom']}, "
+            f"rejected {doc['trials_rejected_before_launch']}, failed {doc['trials_failed']}")
+
+
+# ---- models, gpus, show, export ---------------------------------------------------------------------------
+
+def cmd_gpus(args) -> int:
+    from autotune.ui import print_gpus
+
+    print_gpus()
+    return 0
+
 
 def cmd_models(args) -> int:
     from autotune.ui import print_models
@@ -325,6 +426,12 @@ def cmd_export(args) -> int:
     from autotune.storage.results import export_best
 
     study, out_dir = _load_study(args)
+    if getattr(args, "format", "yaml") == "overrides":
+        from autotune.storage.results import best_overrides
+
+        for line in best_overrides(study):
+            print(line)
+        return 0
     writable_folder(str(out_dir))
     path = export_best(study, out_dir)
     print(f"wrote {path}")

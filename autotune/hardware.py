@@ -67,12 +67,39 @@ GPUS: dict[str, GpuSpec] = {
 DEFAULT_GPU = "H200"
 
 
-def get_gpu(name: str) -> GpuSpec:
-    """Exact (case-insensitive) lookup; a miss lists the choices."""
-    for key, spec in GPUS.items():
-        if key.lower() == name.lower():
+# Short names people type. "H100" is the SXM 80 GB part (the one verl's _DEVICE_FLOPS "H100" entry and the
+# device_tuning.rst tables mean); "A100" has two memory sizes and is asked, never guessed (get_gpu).
+ALIASES = {
+    "H100": "H100-80GB", "H100-SXM": "H100-80GB", "H100-SXM5": "H100-80GB", "H100-SXM-80GB": "H100-80GB",
+    "H100-80G": "H100-80GB", "A100-80G": "A100-80GB", "A100-40G": "A100-40GB", "A100-SXM4-80GB": "A100-80GB",
+    "A100-SXM4-40GB": "A100-40GB", "H200-141GB": "H200", "H200-SXM": "H200",
+}
+
+
+def _normal(name: str) -> str:
+    text = name.strip().upper().replace("_", "-").replace(" ", "-")
+    return text.removeprefix("NVIDIA-")
+
+
+def get_gpu(name: str, detected: "DetectedGpus | None" = None) -> GpuSpec:
+    """Case-insensitive lookup by table name, alias or the name nvidia-smi prints ("NVIDIA H100 80GB HBM3").
+
+    A bare "A100" is ambiguous (40 or 80 GB): the detected GPU decides, else it is a one-line error."""
+    key = _normal(name)
+    for table_key, spec in GPUS.items():
+        if table_key.upper() == key:
             return spec
-    raise ConfigError(f"unknown GPU type {name!r}; known: {', '.join(GPUS)}")
+    if key in ALIASES:
+        return GPUS[ALIASES[key]]
+    if key in ("A100", "A100-SXM4", "A100-PCIE", "A100-SXM"):
+        found = match_device_name(detected.device_name) if detected is not None else None
+        if found is not None and found.name.startswith("A100"):
+            return found
+        raise ConfigError(f"--gpu {name}: the A100 comes with 40 or 80 GB; give --gpu A100-40GB or --gpu A100-80GB")
+    found = match_device_name(name) if len(key) > 3 else None
+    if found is not None and not (found.name.startswith("A100") and "GB" not in key):
+        return found
+    raise ConfigError(f"unknown GPU type {name!r}; known: {', '.join(GPUS)} (and aliases: `autotune gpus`)")
 
 
 def match_device_name(device_name: str) -> GpuSpec | None:

@@ -31,8 +31,31 @@ class ModelSpec:
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
+    # Shapes beyond the Qwen/Llama family, read from config.json (autotune/model_config.py):
+    n_shared_experts: int = 0  # DeepSeek: experts every token passes, each moe_intermediate_size wide
+    first_k_dense: int = 0  # DeepSeek's first_k_dense_replace: leading layers with a dense MLP
+    q_lora_rank: int = 0  # DeepSeek MLA (0: no query compression)
+    kv_lora_rank: int = 0  # DeepSeek MLA latent KV width; > 0 means MLA attention
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    o_bias: bool = False  # gpt-oss: attention_bias covers o_proj too
+    attn_sinks: bool = False  # gpt-oss: one learned sink logit per head
+    expert_bias: bool = False  # gpt-oss: biased expert projections and router
+    router_score_bias: bool = False  # DeepSeek-V3: e_score_correction_bias, one per routed expert
     published_params: float  # for the invariant test
     source: str
+    path: str = ""  # what the user named (model.path in the export); "" means hf_id
+    shapes_from: str = ""  # where the shapes came from, said on the run's first line
+
+    @property
+    def model_path(self) -> str:
+        """The exact model.path to export: the user's own string, never a substitute."""
+        return self.path or self.hf_id
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
 
     @property
     def is_moe(self) -> bool:
@@ -40,39 +63,85 @@ class ModelSpec:
 
     @property
     def q_dim(self) -> int:
+        if self.is_mla:
+            return self.num_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
         return self.num_heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
+        """Per-token K (or V) width; MLA's is its compressed latent plus the shared rope key."""
+        if self.is_mla:
+            return self.kv_lora_rank + self.qk_rope_head_dim
         return self.num_kv_heads * self.head_dim
 
+    @property
+    def attn_core_head_dim(self) -> float:
+        """Head width of the score and value matmuls. MLA: (q_head + v_head) / 2, so that 6 x this x heads
+        is verl's 3 x (q_head_dim + v_head_dim) x heads (flops_counter.py _estimate_deepseek_v3_flops)."""
+        if self.is_mla:
+            return (self.qk_nope_head_dim + self.qk_rope_head_dim + self.v_head_dim) / 2
+        return self.head_dim
+
+    def kv_cache_elems_per_token_per_layer(self, tp: int = 1) -> float:
+        """bf16 elements vLLM caches per token and layer on one GPU. GQA: K and V heads split over TP
+        (replicated when TP exceeds them). MLA: one latent vector, replicated on every TP rank (vLLM's MLA
+        backends cache kv_lora_rank + qk_rope_head_dim per token)."""
+        if self.is_mla:
+            return float(self.kv_lora_rank + self.qk_rope_head_dim)
+        return 2 * max(self.num_kv_heads / tp, 1.0) * self.head_dim
+
     def attn_params_per_layer(self) -> int:
-        proj = self.hidden_size * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden_size
+        h = self.hidden_size
+        if self.is_mla:  # DeepseekV3Attention: q_a/q_b (or q_proj), kv_a_proj_with_mqa, kv_b_proj, o_proj, norms
+            q_head = self.qk_nope_head_dim + self.qk_rope_head_dim
+            q = (h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * self.num_heads * q_head
+                 if self.q_lora_rank else h * self.num_heads * q_head)
+            kv = (h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
+                  + self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim))
+            return q + kv + self.num_heads * self.v_head_dim * h
+        proj = h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h
         bias = (self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0
+        bias += h if self.o_bias else 0
         norm = 2 * self.head_dim if self.qk_norm else 0
-        return proj + bias + norm
+        sinks = self.num_heads if self.attn_sinks else 0
+        return proj + bias + norm + sinks
+
+    def _moe_layer_params(self, experts: int) -> int:
+        h, i = self.hidden_size, self.moe_intermediate_size
+        per_expert = 3 * h * i + ((2 * i + h) if self.expert_bias else 0)
+        router = h * self.num_experts + (self.num_experts if self.expert_bias or self.router_score_bias else 0)
+        return (experts + self.n_shared_experts) * per_expert + router
+
+    @property
+    def moe_layers(self) -> int:
+        return self.num_layers - self.first_k_dense if self.is_moe else 0
 
     def mlp_params_per_layer(self) -> int:
-        """All expert weights for MoE (what must be stored), the SwiGLU MLP for dense."""
+        """All expert weights of an MoE layer (what must be stored), the SwiGLU MLP for dense."""
         if self.is_moe:
-            return self.num_experts * 3 * self.hidden_size * self.moe_intermediate_size + self.hidden_size * self.num_experts
+            return self._moe_layer_params(self.num_experts)
         return 3 * self.hidden_size * self.intermediate_size
 
     def active_mlp_params_per_layer(self) -> int:
         if self.is_moe:
-            return self.num_experts_per_tok * 3 * self.hidden_size * self.moe_intermediate_size + self.hidden_size * self.num_experts
+            return self._moe_layer_params(self.num_experts_per_tok)
         return self.mlp_params_per_layer()
 
     def embedding_params(self) -> int:
         return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
 
+    def _layers_params(self, moe_mlp: int) -> int:
+        norms = 2 * self.hidden_size
+        dense_mlp = 3 * self.hidden_size * self.intermediate_size
+        dense_layers = self.num_layers - self.moe_layers
+        return (self.num_layers * (self.attn_params_per_layer() + norms)
+                + dense_layers * dense_mlp + self.moe_layers * moe_mlp)
+
     def param_count(self) -> int:
-        per_layer = self.attn_params_per_layer() + self.mlp_params_per_layer() + 2 * self.hidden_size
-        return self.num_layers * per_layer + self.embedding_params() + self.hidden_size
+        return self._layers_params(self.mlp_params_per_layer()) + self.embedding_params() + self.hidden_size
 
     def active_param_count(self) -> int:
-        per_layer = self.attn_params_per_layer() + self.active_mlp_params_per_layer() + 2 * self.hidden_size
-        return self.num_layers * per_layer + self.embedding_params() + self.hidden_size
+        return self._layers_params(self.active_mlp_params_per_layer()) + self.embedding_params() + self.hidden_size
 
     def hf_config(self) -> dict:
         """Keyword arguments for the transformers config class of `architecture`."""
@@ -151,18 +220,47 @@ _ALIASES = {
     "qwen2.5-14b": ("Qwen/Qwen2.5-14B", "Qwen/Qwen2.5-Coder-14B-Instruct", "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"),
     "qwen2.5-32b": ("Qwen/Qwen2.5-32B", "Qwen/Qwen2.5-Coder-32B-Instruct", "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B"),
     "qwen2.5-72b": ("Qwen/Qwen2.5-72B", "Qwen/Qwen2-72B-Instruct", "Qwen/Qwen2-72B"),
+    # Qwen3 Base checkpoints: same config.json shapes as the post-trained ones (checked field by field)
+    "qwen3-0.6b": ("Qwen/Qwen3-0.6B-Base",),
+    "qwen3-1.7b": ("Qwen/Qwen3-1.7B-Base",),
+    "qwen3-4b": ("Qwen/Qwen3-4B-Base",),
     "qwen3-8b": ("Qwen/Qwen3-8B-Base",),
-    "llama-3.1-8b": ("meta-llama/Meta-Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B"),
+    "qwen3-14b": ("Qwen/Qwen3-14B-Base",),
+    "qwen3-30b-a3b": ("Qwen/Qwen3-30B-A3B-Base",),
+    "llama-3.1-8b": ("meta-llama/Meta-Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B", "meta-llama/Meta-Llama-3.1-8B"),
+    "llama-3.2-1b": ("meta-llama/Llama-3.2-1B",),
+    "llama-3.2-3b": ("meta-llama/Llama-3.2-3B",),
+    "llama-3.1-70b": ("meta-llama/Llama-3.1-70B",),
 }
 
 
-def get_model(name: str) -> ModelSpec:
-    """Exact (case-insensitive) lookup by autotune key, HF id or a path ending in one; a miss lists the choices."""
+def lookup_table(name: str) -> tuple[ModelSpec, str] | None:
+    """The table entry for an autotune key, an HF id or a bare repository name, with the id it matched.
+
+    Exact (case-insensitive) only: "qwen2-7b" is Qwen/Qwen2-7B (an alias with Qwen2.5-7B's shapes), never
+    Qwen2.5; the matched id, not the entry's, is what a caller exports.
+    """
     key = name.strip().rstrip("/").lower()
     for spec in MODELS.values():
-        ids = [spec.hf_id.lower()] + [a.lower() for a in _ALIASES.get(spec.name, ())]
-        names = {spec.name} | set(ids) | {i.removesuffix("-instruct") for i in ids}
-        basenames = {i.split("/")[-1] for i in names}
-        if key in names or key.split("/")[-1] in basenames:
-            return spec
-    raise ConfigError(f"unknown model {name!r}; known models: {', '.join(MODELS)} (see `autotune models`)")
+        if key == spec.name:
+            return spec, spec.hf_id
+        for hf_id in (spec.hf_id, *_ALIASES.get(spec.name, ())):
+            if key == hf_id.lower() or key == hf_id.split("/")[-1].lower():
+                return spec, hf_id
+    return None
+
+
+def get_model(name: str) -> ModelSpec:
+    """The table entry (see lookup_table); a miss lists the choices."""
+    found = lookup_table(name)
+    if found is None:
+        raise ConfigError(f"unknown model {name!r}; known models: {', '.join(MODELS)} (see `autotune models`)")
+    return found[0]
+
+
+def model_from_identity(identity: dict) -> ModelSpec:
+    """The model a stored study was created for: its full spec (config.json models), else the table entry."""
+    spec = identity.get("model_spec")
+    if spec:
+        return ModelSpec(**spec)
+    return get_model(identity["model"])

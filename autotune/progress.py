@@ -34,7 +34,8 @@ class RunProgress:
 
     def __init__(self, total_trials: int, *, study_name: str = "", simulated: bool = False,
                  warmup_steps: int | None = None, console: Console | None = None, quiet: bool = False,
-                 step_interval_s: float = 30.0) -> None:
+                 step_interval_s: float = 30.0, baseline_label: str = "verl default",
+                 final_summary: bool = True) -> None:
         if total_trials < 1:
             raise ValueError(f"total_trials must be at least 1, but got {total_trials=}")
         self.total_trials = total_trials
@@ -42,6 +43,8 @@ class RunProgress:
         self.simulated = simulated
         self.warmup_steps = warmup_steps
         self.quiet = quiet
+        self.baseline_label = baseline_label
+        self.final_summary = final_summary  # False: the caller prints the stored study's summary instead
         self.step_interval_s = step_interval_s
         self.console = console or Console(highlight=False)
         self.live_mode = self.console.is_terminal
@@ -66,7 +69,7 @@ class RunProgress:
             self._live.update(self, refresh=True)
             self._live.__exit__(*exc)
             self._live = None
-        elif not self.quiet:
+        elif not self.quiet and self.final_summary and exc[0] is None:  # no status line above an error
             self.console.print(self.summary_line(), markup=False, highlight=False, soft_wrap=True)
 
     # ---- events ---------------------------------------------------------------------------------------
@@ -129,7 +132,7 @@ class RunProgress:
             return "none yet"
         text = f"{self.best.tokens_per_s_per_gpu:.0f} tok/s/GPU (trial {self.best.number})"
         if self.baseline is not None and self.baseline.tokens_per_s_per_gpu:
-            text += f", x{self.best.tokens_per_s_per_gpu / self.baseline.tokens_per_s_per_gpu:.2f} vs verl default"
+            text += f", x{self.best.tokens_per_s_per_gpu / self.baseline.tokens_per_s_per_gpu:.2f} vs {self.baseline_label}"
         return text
 
     def failures_text(self) -> str:

@@ -115,7 +115,7 @@ def _figure(view: StudyView, title: str, *, figsize=(9.0, 5.0), nrows: int = 1):
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        raise ConfigError("autotune report needs matplotlib: pip install 'autotune[report]'") from None
+        raise ConfigError("autotune report needs matplotlib (a dependency of verl-autotune): pip install matplotlib") from None
     fig = Figure(figsize=figsize, layout="constrained")
     axes = fig.subplots(nrows, 1, squeeze=False)[:, 0]
     if view.simulated:  # on the image itself, so a figure copied into a slide keeps the label

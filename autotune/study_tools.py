@@ -46,7 +46,9 @@ def add_commands(subparsers) -> None:
         description="Writes OUT/report.html (figures embedded), OUT/figures/*.png and OUT/best.yaml.")
     report.add_argument("--study", help="study name (default: the only study in the storage)")
     report.add_argument("--storage", help="study storage URL (default: sqlite:///OUT/autotune.db)")
-    report.add_argument("--out", required=True, help="folder for the report (and the run's folder by default)")
+    report.add_argument("--out", default=DEFAULT_OUT,
+                        help="the run's output folder, as in show/export: the study is read from OUT/autotune.db "
+                             "unless --storage is given; the report is written there (default ./autotune-out)")
     report.set_defaults(func=cmd_report)
 
     worker = subparsers.add_parser(
@@ -119,12 +121,46 @@ def load_study(url: str, name: str | None):
 
 # ---- dashboard -------------------------------------------------------------------------------------------
 
+def placeholder_free(trial):
+    """A stored trial as the dashboard should plot it: a rejected, OOM or inferred trial's placeholder value
+    (0 tokens/s, rule 9 of CONVENTIONS.md) is no measurement, so it is shown as a FAIL trial with no value."""
+    import copy
+
+    from optuna.trial import TrialState
+
+    if trial.state != TrialState.COMPLETE or trial.user_attrs.get("feasible") is not False:
+        return trial
+    shown = copy.copy(trial)
+    shown.state = TrialState.FAIL
+    shown.values = None
+    return shown
+
+
+def dashboard_storage(inner):
+    """A view of the study storage for optuna-dashboard: every call goes to `inner`; trials are read through
+    placeholder_free so the history and slice plots hold measurements only."""
+    from optuna.storages import BaseStorage
+
+    def forward(name):
+        return lambda self, *args, **kwargs: getattr(inner, name)(*args, **kwargs)
+
+    namespace = {name: forward(name) for name in BaseStorage.__abstractmethods__}
+    def get_all_trials(self, study_id, deepcopy=True, states=None):
+        shown = [placeholder_free(t) for t in inner.get_all_trials(study_id, deepcopy=deepcopy)]
+        return shown if states is None else [t for t in shown if t.state in states]  # after the relabelling
+
+    namespace["get_all_trials"] = get_all_trials
+    namespace["get_trial"] = lambda self, trial_id: placeholder_free(inner.get_trial(trial_id))
+    namespace["__getattr__"] = lambda self, name: getattr(inner, name)
+    return type("DashboardStorageView", (BaseStorage,), namespace)()
+
+
 def dashboard_app(storage, artifact_dir: Path):
     """optuna-dashboard's WSGI app on an opened study storage, with autotune's artifact store."""
     try:
         import optuna_dashboard
     except ImportError:
-        raise ConfigError("autotune dashboard needs optuna-dashboard: pip install 'autotune[dashboard]'") from None
+        raise ConfigError("autotune dashboard needs optuna-dashboard: pip install 'verl-autotune[dashboard]'") from None
     from optuna.artifacts import FileSystemArtifactStore
 
     if artifact_dir.parent.is_dir():  # the run's folder: probe logs land here (driver._keep_probe_log)
@@ -149,7 +185,7 @@ def cmd_dashboard(args) -> int:
     if not names:
         raise ConfigError(f"no studies in {redact(url)}; run `autotune run --storage ...` first")
     artifact_dir = Path(args.out).expanduser() / "artifacts"
-    app = dashboard_app(storage, artifact_dir)
+    app = dashboard_app(dashboard_storage(storage), artifact_dir)
 
     class Server(ThreadingMixIn, WSGIServer):  # a browser loads several files at once
         daemon_threads = True
@@ -208,7 +244,7 @@ def worker_config(study, *, storage_url: str, trials: int, out_dir: Path, seed: 
 
     from autotune.config import TuneConfig, load_tune_yaml
     from autotune.hardware import detect_host_mem_gib, get_gpu
-    from autotune.models import get_model
+    from autotune.models import model_from_identity
     from autotune.search.driver import build_space
     from autotune.storage.results import identity_of, workload_of
     from autotune.storage.settings import stored_settings
@@ -235,7 +271,7 @@ def worker_config(study, *, storage_url: str, trials: int, out_dir: Path, seed: 
         if diff:
             raise ConfigError(f"--config {config} differs from study {study.study_name!r} in: {', '.join(diff)}; "
                               "leave --config out to use the study's own settings")
-    cfg = TuneConfig(model=get_model(identity["model"]), gpu=get_gpu(identity["gpu"]),
+    cfg = TuneConfig(model=model_from_identity(identity), gpu=get_gpu(identity["gpu"]),
                      gpus_per_node=identity["gpus_per_node"], nodes=identity["nodes"], backend=identity["backend"],
                      trials=trials, storage_url=storage_url, study_name=study.study_name, out_dir=out_dir, seed=seed,
                      workload=workload, host_mem_gib=None if identity["backend"] == "sim" else detect_host_mem_gib(),

@@ -7,7 +7,8 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.models import MODELS
-from autotune.storage.records import TrialRecord, baseline_record, best_records, records
+from autotune.storage.records import (TrialRecord, baseline_label, baseline_record, best_records, records,
+                                      verl_default_record)
 
 _console = Console(highlight=False)
 if not _console.is_terminal:  # pipes and CI logs: wide enough for the configuration column
@@ -34,9 +35,17 @@ def candidate_summary(c: dict) -> str:
             f"| {batch} | {' '.join(saves) or 'no savers'}")
 
 
+# What the configuration column's short words mean (candidate_summary), printed under every table that uses them.
+LEGEND = ("configuration: fsdp/fsdp2/megatron = actor engine (tp/pp/vpp/cp/ep = its tensor/pipeline/virtual-pipeline/"
+          "context/expert parallel sizes, sp = Ulysses sequence parallel); rollout tp = vLLM tensor parallel, mem = "
+          "gpu_memory_utilization, seqs = max_num_seqs; micro A/B = ppo / log-prob micro-batch per GPU; dyn A/B tok = "
+          "dynamic batching, ppo / log-prob max tokens per GPU; ckpt = gradient checkpointing; p-off / o-off / a-off / "
+          "ref-off = param / optimizer / activation / reference-param offload; liger = use_liger")
+
+
 def trial_line(t: optuna.trial.FrozenTrial) -> str:
     r = TrialRecord.of(t)
-    tag = " (baseline)" if r.baseline else ""
+    tag = f" ({t.user_attrs.get('label') or 'baseline'})" if r.baseline or t.user_attrs.get("verl_default") else ""
     if r.feasible_measurement:
         mfu = "n/a" if r.mfu is None else f"{r.mfu:.2f}"
         return (f"trial {r.number:3d}{tag} {r.state:9s} {r.tokens_per_s_per_gpu:8.0f} tok/s/GPU  MFU {mfu}  "
@@ -47,39 +56,79 @@ def trial_line(t: optuna.trial.FrozenTrial) -> str:
 def print_best_table(study: optuna.Study, *, simulated: bool, k: int = 5) -> None:
     best = best_records(study, k=k)
     base = baseline_record(study)
+    label = baseline_label(study)
+    default = verl_default_record(study)
     title = f"best trials of {study.study_name}" + (" (SIMULATED by the calibrated model)" if simulated else "")
     table = Table(title=title)
-    for col in ("trial", "tokens/s/GPU", "vs verl default", "actor MFU", "peak GiB", "configuration"):
+    for col in ("trial", "tokens/s/GPU", f"vs {label}", "actor MFU", "peak GiB", "configuration"):
         table.add_column(col, justify="right" if col not in ("configuration",) else "left")
     base_tps = base.tokens_per_s_per_gpu if base and base.feasible_measurement else None
     rows = list(best)
-    if base and base.feasible_measurement and all(r.number != base.number for r in rows):
-        rows.append(base)
+    for extra in (base, default):
+        if extra and extra.feasible_measurement and all(r.number != extra.number for r in rows):
+            rows.append(extra)
     for r in rows:
         gain = f"x{r.tokens_per_s_per_gpu / base_tps:.2f}" if base_tps else "n/a"
-        name = f"{r.number}" + (" (verl default)" if r.baseline else "")
+        name = f"{r.number}" + (f" ({label})" if r.baseline else "") + (
+            " (verl default)" if default is not None and r.number == default.number else "")
         table.add_row(name, f"{r.tokens_per_s_per_gpu:.0f}", gain, "n/a" if r.mfu is None else f"{r.mfu:.3f}",
                       f"{r.peak_mem_gib:.1f}", candidate_summary(study.trials[r.number].user_attrs.get("candidate", {})))
     _console.print(table)
+    if base is not None and not base.feasible_measurement:
+        _console.print(f"trial {base.number} ({label}): {base.state}, {base.reason}", markup=False)
+    _console.print(LEGEND, markup=False, soft_wrap=True)
 
 
 def print_trials(study: optuna.Study) -> None:
     table = Table(title=f"study {study.study_name}: {len(study.trials)} trials")
     for col in ("trial", "state", "tokens/s/GPU", "MFU", "peak GiB", "reason / configuration"):
         table.add_column(col)
+    best = best_records(study, k=1)
+    best_number = best[0].number if best else None
+    default = verl_default_record(study)
     for r in records(study):
         cand = study.trials[r.number].user_attrs.get("candidate", {})
         detail = candidate_summary(cand) if r.feasible_measurement else r.reason
-        table.add_row(str(r.number) + (" *" if r.baseline else ""), r.state,
+        mark = (" *" if r.baseline else "") + (" d" if default is not None and r.number == default.number else "") \
+            + (" BEST" if r.number == best_number else "")
+        table.add_row(str(r.number) + mark, r.state,
                       "" if r.tokens_per_s_per_gpu is None else f"{r.tokens_per_s_per_gpu:.0f}",
                       "" if r.mfu is None else f"{r.mfu:.3f}",
                       "" if r.peak_mem_gib is None else f"{r.peak_mem_gib:.1f}", detail)
     _console.print(table)
-    _console.print("* verl's default configuration (baseline)")
+    label = baseline_label(study)
+    base_text = "your job (baseline)" if label == "your job" else "verl's default configuration (baseline)"
+    _console.print(f"* {base_text}" + ("; d verl's default configuration" if default else "")
+                   + ("; BEST the best feasible trial, the one `autotune export` writes" if best_number is not None
+                      else "; no feasible trial yet"), markup=False)
+    _console.print(LEGEND, markup=False, soft_wrap=True)
+
+
+def print_gpus() -> None:
+    from autotune.hardware import ALIASES, GPUS, detect_gpus, match_device_name
+
+    table = Table(title="GPU types (--gpu takes any name or alias, any case, or the name nvidia-smi prints)")
+    for col in ("name", "aliases", "memory GiB", "bf16 TFLOP/s", "HBM TB/s", "source"):
+        table.add_column(col)
+    for g in GPUS.values():
+        aliases = ", ".join(a for a, target in ALIASES.items() if target == g.name) or "-"
+        table.add_row(g.name, aliases, f"{g.mem_gib:.1f}", f"{g.peak_bf16_flops / 1e12:.0f}",
+                      f"{g.hbm_bytes_per_s / 1e12:.2f}", g.source)
+    _console.print(table)
+    _console.print("A100 alone is ambiguous (40 or 80 GB): give A100-40GB or A100-80GB unless one is detected.",
+                   markup=False)
+    detected = detect_gpus()
+    if detected is None:
+        _console.print("detected: no NVIDIA GPU (runs assume H200 unless --gpu says otherwise)", markup=False)
+    else:
+        match = match_device_name(detected.device_name)
+        _console.print(f"detected: {detected.count} x {detected.device_name} -> "
+                       f"{match.name if match else 'not in the table; pass --gpu'}", markup=False)
 
 
 def print_models() -> None:
-    table = Table(title="known models")
+    table = Table(title="built-in models: the fallback when no config.json is at hand (a local folder or the HF "
+                        "cache is read first)")
     for col in ("name", "HF id", "params", "layers", "hidden", "heads/kv", "FFN", "experts", "vocab"):
         table.add_column(col)
     for m in MODELS.values():

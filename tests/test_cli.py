@@ -30,7 +30,9 @@ def default_run(tmp_path_factory):
 def test_run_with_no_gpu_simulates_and_exports(default_run):
     proc, out = default_run
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[0] == "no GPU found: simulating with the calibrated model"
+    # issue 17: the first line says what is assumed (model and shapes source, GPU, count, workload)
+    assert proc.stdout.splitlines()[0].startswith("model Qwen/Qwen2.5-7B-Instruct (shapes from")
+    assert proc.stdout.splitlines()[1] == "no GPU found: simulating with the calibrated model"
     assert "SIMULATED" in proc.stdout and "verl default" in proc.stdout
     doc = json.loads((out / "result.json").read_text())
     assert RESULT_KEYS <= set(doc)

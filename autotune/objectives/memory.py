@@ -99,9 +99,9 @@ def forward_logits_bytes(model: ModelSpec, tokens: float, c: ActivationConstants
 
 
 def kv_bytes_per_token(model: ModelSpec, tp: int = 1) -> float:
-    """K and V, bf16, every layer; KV heads split over TP, replicated when TP exceeds them (vLLM)."""
-    kv_heads_per_gpu = max(model.num_kv_heads / tp, 1.0)
-    return 2 * model.num_layers * kv_heads_per_gpu * model.head_dim * BF16
+    """K and V (MLA: its latent), bf16, every layer; KV heads split over TP, replicated when TP exceeds them
+    (vLLM). The per-layer width is the model's own (models.py kv_cache_elems_per_token_per_layer)."""
+    return model.num_layers * model.kv_cache_elems_per_token_per_layer(tp) * BF16
 
 
 # ---- verl's engines ---------------------------------------------------------------------------------

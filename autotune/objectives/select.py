@@ -11,7 +11,7 @@ from autotune.objectives.base import _BACKENDS, _NOT_YET, BACKEND_NAMES
 
 # Python packages each real backend needs on the probing machine.
 REQUIREMENTS = {"verl": ("verl", "vllm", "ray"), "torch": ("torch", "transformers")}
-EXTRAS = {"verl": "pip install 'autotune[verl]'", "torch": "pip install 'autotune[torch]'"}
+EXTRAS = {"verl": "pip install 'verl-autotune[verl]'", "torch": "pip install 'verl-autotune[torch]'"}
 # Boolean knobs whose True needs an optional package where the probe runs (verl imports it when the knob
 # is on: engine/fsdp/transformer_impl.py:310 for liger_kernel).
 KNOB_PACKAGES = {"use_liger": "liger_kernel"}

@@ -52,7 +52,7 @@ EXIT_REJECTED = 6  # a configuration verl itself would refuse (e.g. a token budg
 REQUEST_FILE = "request.json"
 RESULT_FILE = "result.json"
 LOG_FILE = "probe.log"  # the driver keeps run_dir/probe.log as the trial's artifact
-_INSTALL_HINT = "the torch backend needs `pip install 'autotune[torch]'`"
+_INSTALL_HINT = "the torch backend needs `pip install 'verl-autotune[torch]'`"
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding `autotune/`
 
 
@@ -88,8 +88,14 @@ def unsupported_reason(candidate: Candidate, workload: Workload, device: str = "
 
 
 def _shape_override(model: ModelSpec) -> dict:
-    """Fields where `model` differs from the table entry of the same name (tests' tiny shapes)."""
-    table = get_model(model.name)
+    """Fields where `model` differs from the table entry of the same name (tests' tiny shapes); a model read from
+    its own config.json (no table entry) sends every field."""
+    from autotune.models import lookup_table
+
+    found = lookup_table(model.name)
+    if found is None:
+        return asdict(model)
+    table = found[0]
     return {f.name: getattr(model, f.name) for f in fields(ModelSpec)
             if getattr(model, f.name) != getattr(table, f.name)}
 

@@ -55,7 +55,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.nn.functional as F
@@ -121,8 +121,10 @@ class WorkloadRequest:
 
 
 def parse_request(data: dict) -> WorkloadRequest:
-    model = get_model(data["model"])
-    if data.get("shape_override"):
+    override = data.get("shape_override") or {}
+    # a config.json model has no table entry: its whole spec travels in shape_override (torch_runner)
+    model = ModelSpec(**override) if len(override) == len(fields(ModelSpec)) else get_model(data["model"])
+    if override:
         model = replace(model, **data["shape_override"])
     scale = data.get("scale") or {}
     oom_phase = data.get("test_raise_oom_in")

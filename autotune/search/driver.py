@@ -51,7 +51,8 @@ class StudyContext:
 
 def study_identity(cfg: TuneConfig) -> dict:
     """What a study was created for; resuming with anything else is refused."""
-    return {"model": cfg.model.name, "gpus_per_node": cfg.gpus_per_node, "nodes": cfg.nodes, "gpu": cfg.gpu.name,
+    model_spec = {k: v for k, v in asdict(cfg.model).items() if k != "shapes_from"}  # exported model.path, shapes
+    return {"model": cfg.model.name, "model_spec": model_spec, "gpus_per_node": cfg.gpus_per_node, "nodes": cfg.nodes, "gpu": cfg.gpu.name,
             "backend": cfg.backend, "workload": asdict(cfg.workload), "objective": cfg.search.objective,
             "passthrough": cfg.passthrough, "source": cfg.source}
 
@@ -111,8 +112,29 @@ def fit_to_runner(cfg: TuneConfig, runner: ProbeRunner) -> TuneConfig:
 
 
 def build_space(cfg: TuneConfig) -> SearchSpace:
-    return SearchSpace.build(cfg.model, cfg.workload, gpus_per_node=cfg.gpus_per_node, nodes=cfg.nodes,
-                             fixed=cfg.fixed, ranges=cfg.ranges, tune_workload=cfg.tune_workload)
+    space = SearchSpace.build(cfg.model, cfg.workload, gpus_per_node=cfg.gpus_per_node, nodes=cfg.nodes,
+                              fixed=cfg.fixed, ranges=cfg.ranges, tune_workload=cfg.tune_workload)
+    if cfg.baseline is not None:
+        widen_to_baseline(space, cfg)
+    return space
+
+
+def widen_to_baseline(space: SearchSpace, cfg: TuneConfig) -> list[str]:
+    """The user's own job (--from) is always trial 0: every domain widens to hold its values (a LoRA script's
+    gpu_memory_utilization=0.2 lies below the searched 0.3..0.9). Done when the space is built, so a resumed
+    run sees the same space. Returns the knobs widened."""
+    base = replace(cfg.baseline, **{k: v for k, v in cfg.fixed.items()})
+    widened = []
+    for name, value in space.params_of(base, cfg.workload).items():
+        dom = space.domains.get(name)
+        if dom is None or dom.contains(value):
+            continue
+        if dom.choices:
+            space.domains[name] = type(dom)(choices=tuple(dom.choices) + (value,))
+        else:  # a float range: the new bound is the user's value, so it lies on the step grid
+            space.domains[name] = type(dom)(low=min(dom.low, value), high=max(dom.high, value), step=dom.step)
+        widened.append(name)
+    return widened
 
 
 def fail_dead_local_trials(study: optuna.Study) -> int:
@@ -130,7 +152,7 @@ def fail_dead_local_trials(study: optuna.Study) -> int:
         study._storage.set_trial_user_attr(t._trial_id, "reason", reason)
         study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
         if "retry_of" not in t.user_attrs and t.params:
-            attrs = {k: v for k, v in t.user_attrs.items() if k in ("baseline", "warm_start")}
+            attrs = {k: v for k, v in t.user_attrs.items() if k in ("baseline", "warm_start", "verl_default", "label")}
             study.enqueue_trial(t.params, user_attrs={**attrs, "retry_of": t.number})
         failed += 1
     return failed
@@ -174,17 +196,16 @@ def enqueue_baseline(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -
     base = replace(base, **{k: v for k, v in cfg.fixed.items()})
     params = space.params_of(base, cfg.workload)
     if not space.contains(params):
-        # the user's own values may lie outside the sampled sets (e.g. gpu_memory_utilization 0.55): widen the
-        # affected choice lists rather than skip the baseline every report compares against
-        if cfg.baseline is None:
-            return False
-        for name, value in params.items():
-            dom = space.domains.get(name)
-            if dom is not None and not dom.contains(value) and dom.choices:
-                space.domains[name] = type(dom)(choices=tuple(dom.choices) + (value,))
-            elif dom is not None and not dom.contains(value):
-                return False
-    study.enqueue_trial(params, user_attrs={"baseline": True})
+        # verl's default outside a user's narrowed ranges; the user's own job never is (widen_to_baseline)
+        return False
+    label = "your job" if cfg.baseline is not None else "verl default"
+    study.enqueue_trial(params, user_attrs={"baseline": True, "label": label})
+    if cfg.baseline is not None:  # verl's default too, when it differs from the user's job and fits the space
+        default = replace(verl_default_candidate(cfg.model, cfg.workload, gpus_per_node=cfg.gpus_per_node,
+                                                 nodes=cfg.nodes), **{k: v for k, v in cfg.fixed.items()})
+        default_params = space.params_of(default, cfg.workload)
+        if default_params != params and space.contains(default_params):
+            study.enqueue_trial(default_params, user_attrs={"verl_default": True, "label": "verl default"})
     return True
 
 
@@ -277,10 +298,14 @@ def start_study(cfg: TuneConfig) -> tuple[SearchSpace, optuna.Study]:
 
 
 def run_study(cfg: TuneConfig, runner: ProbeRunner, *, on_trial: TrialCallback | None = None,
-              on_step: Callable[[int, int, float], None] | None = None) -> optuna.Study:
-    """Run trials until the study holds `cfg.trials` finished ones or the budget ends (a second run resumes)."""
+              on_step: Callable[[int, int, float], None] | None = None,
+              on_start: Callable[[optuna.Study], None] | None = None) -> optuna.Study:
+    """Run trials until the study holds `cfg.trials` finished ones or the budget ends (a second run resumes).
+    `on_start` sees the opened study first (a resumed study's finished trials, for the progress panel)."""
     cfg = fit_to_runner(cfg, runner)
     space, study = start_study(cfg)
+    if on_start:
+        on_start(study)
     ctx = StudyContext(cfg=cfg, space=space, runner=runner, on_step=on_step)
     started_s = time.monotonic()
     while finished_count(study) < cfg.trials:
@@ -555,7 +580,7 @@ def _copy_outcome(study: optuna.Study, trial: optuna.Trial, source: optuna.trial
     constraints = source.constraints or {}
     set_constraints(trial, rules=constraints.get("rules", 0.0), memory=constraints.get("memory", 0.0))
     for key, value in source.user_attrs.items():
-        if key not in ("host", "pid", "baseline", "feasible", "warm_start", "launched", "probe_wall_s"):
+        if key not in ("host", "pid", "baseline", "verl_default", "label", "feasible", "warm_start", "launched", "probe_wall_s"):
             trial.set_user_attr(key, value)
     trial.set_user_attr("duplicate_of", source.number)
     trial.set_user_attr("launched", False)

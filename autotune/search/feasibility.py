@@ -17,8 +17,9 @@ from autotune.verl.roles import separate_reference
 
 
 def smallest_footprint(model: ModelSpec, gpu: GpuSpec, workload: Workload, *, gpus_per_node: int,
-                       nodes: int) -> tuple[float, Candidate | None]:
-    """Lowest predicted peak (GiB) over valid layouts with every memory saver on, and that candidate."""
+                       nodes: int, violations: dict | None = None) -> tuple[float, Candidate | None]:
+    """Lowest predicted peak (GiB) over valid layouts with every memory saver on, and that candidate.
+    `violations`, when given, collects verl's rule messages that ruled layouts out (rule id -> message)."""
     world = gpus_per_node * nodes
     dom = default_domains(model, workload, world=world, gpus_per_node=gpus_per_node)
     savers = dict(param_offload=True, optimizer_offload=True, ref_param_offload=separate_reference(workload),
@@ -35,20 +36,58 @@ def smallest_footprint(model: ModelSpec, gpu: GpuSpec, workload: Workload, *, gp
     best: tuple[float, Candidate | None] = (float("inf"), None)
     for cand in layouts:
         layout = ParallelLayout.of(cand, workload, gpus_per_node=gpus_per_node, nodes=nodes)
-        if check(model, workload, cand, layout):
+        broken = check(model, workload, cand, layout)
+        if broken:
+            if violations is not None:
+                for v in broken:
+                    violations.setdefault(v.rule, v.message)
             continue
+        kv_fits = False
         for util in (0.3, 0.5, 0.7, 0.9):
             trial = cand.with_(gpu_memory_utilization=util)
             mem = estimate_memory(model, gpu, workload, trial, layout)
+            kv_fits = kv_fits or mem.kv_cache_fits
             if mem.kv_cache_fits and mem.peak_gib < best[0]:
                 best = (mem.peak_gib, trial)
+        if not kv_fits and violations is not None:
+            violations.setdefault("kv_cache", "memory bound: the weights leave vLLM no room for the KV cache of one "
+                                  f"{workload.seq_len}-token sequence at any gpu_memory_utilization up to 0.9")
     return best
 
 
-def require_fit(model: ModelSpec, gpu: GpuSpec, workload: Workload, *, gpus_per_node: int, nodes: int) -> None:
+def fits(model: ModelSpec, gpu: GpuSpec, workload: Workload, *, gpus_per_node: int, nodes: int) -> bool:
     peak_gib, cand = smallest_footprint(model, gpu, workload, gpus_per_node=gpus_per_node, nodes=nodes)
+    return cand is not None and peak_gib <= gpu.mem_gib
+
+
+def working_gpu_counts(model: ModelSpec, gpu: GpuSpec, workload: Workload, *, gpus_per_node: int, nodes: int,
+                       want: int = 3) -> list[int]:
+    """Nearby GPUs-per-node counts (up to 16, nearest first) on which some layout is valid and fits."""
+    nearby = sorted((g for g in range(1, max(16, gpus_per_node) + 1) if g != gpus_per_node),
+                    key=lambda g: (abs(g - gpus_per_node), -g))
+    found = []
+    for g in nearby:
+        if fits(model, gpu, workload, gpus_per_node=g, nodes=nodes):
+            found.append(g)
+            if len(found) == want:
+                break
+    return sorted(found)
+
+
+def require_fit(model: ModelSpec, gpu: GpuSpec, workload: Workload, *, gpus_per_node: int, nodes: int) -> None:
+    """Say why nothing fits (verl's divisibility rules, or memory) and which GPU counts would."""
+    violations: dict = {}
+    peak_gib, cand = smallest_footprint(model, gpu, workload, gpus_per_node=gpus_per_node, nodes=nodes,
+                                        violations=violations)
     if cand is not None and peak_gib <= gpu.mem_gib:
         return
-    need = "no valid layout" if cand is None else f"at least {peak_gib:.0f} GiB per GPU with every memory saver on"
+    if cand is None:
+        why = "no valid layout (" + "; ".join(
+            f"{rule}: {msg}" for rule, msg in list(violations.items())[:3]) + ")"
+    else:
+        why = f"needs at least {peak_gib:.0f} GiB per GPU with every memory saver on (memory bound)"
+    counts = working_gpu_counts(model, gpu, workload, gpus_per_node=gpus_per_node, nodes=nodes)
+    hint = (f"--gpus {' or '.join(map(str, counts))} would run" + (f" on {nodes} nodes" if nodes > 1 else "")
+            if counts else "use more nodes or a GPU with more memory")
     raise ConfigError(f"{model.name} cannot run on {nodes} x {gpus_per_node} {gpu.name} ({gpu.mem_gib:.0f} GiB each): "
-                      f"{need}; use more GPUs")
+                      f"{why}; {hint}")

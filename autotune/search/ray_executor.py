@@ -30,7 +30,7 @@ def _ray():
     try:
         import ray
     except ImportError:
-        raise BackendUnavailable("--executor ray needs Ray: pip install 'autotune[ray]'") from None
+        raise BackendUnavailable("--executor ray needs Ray: pip install 'verl-autotune[ray]'") from None
     return ray
 
 

@@ -93,3 +93,17 @@ def baseline_record(study: optuna.Study) -> TrialRecord | None:
         if r.baseline and r.optuna_state != "RUNNING":
             return r
     return None
+
+
+def baseline_label(study: optuna.Study) -> str:
+    """What trial 0 is: "your job" for a study started --from a user's job, else "verl default"."""
+    identity = study.user_attrs.get("identity") or {}
+    return "your job" if identity.get("source") else "verl default"
+
+
+def verl_default_record(study: optuna.Study) -> TrialRecord | None:
+    """verl's default configuration, measured beside the user's job (--from) when it differs from it."""
+    for t in study.get_trials(deepcopy=False):
+        if t.user_attrs.get("verl_default") and t.state.is_finished():
+            return TrialRecord.of(t)
+    return None

@@ -10,10 +10,11 @@ import optuna
 
 from autotune.errors import ConfigError
 from autotune.hardware import get_gpu
-from autotune.models import get_model
+from autotune.models import model_from_identity
 from autotune.spaces.candidate import Candidate
 from autotune.verl.export import export_header, model_engine, verl_overrides, write_best_yaml
-from autotune.storage.records import TrialRecord, baseline_record, best_records, pareto_front, records
+from autotune.storage.records import (TrialRecord, baseline_label, baseline_record, best_records, pareto_front,
+                                      records, verl_default_record)
 from autotune.storage.urls import redact
 from autotune.workload import Workload
 
@@ -62,12 +63,22 @@ def summary(study: optuna.Study, storage_url: str) -> dict:
         "workload": identity["workload"],
         "best": _trial_doc(study, best[0]) if best else None,
         "baseline": _trial_doc(study, base) if base and base.feasible_measurement else None,
+        "baseline_is": baseline_label(study),  # "your job" (--from) or "verl default"
+        "model_path": model_from_identity(identity).model_path,
     }
+    if base is not None and not base.feasible_measurement:
+        doc["baseline_outcome"] = {"trial": base.number, "state": base.state, "reason": base.reason}
+    default = verl_default_record(study)
+    if default is not None:
+        doc["verl_default"] = (_trial_doc(study, default) if default.feasible_measurement
+                               else {"trial": default.number, "state": default.state, "reason": default.reason})
     if len(study.directions) == 2:
         doc["pareto_front"] = [_trial_doc(study, r) for r in pareto_front(study)]
         doc["memory_margin_gib"] = study.user_attrs.get("memory_margin_gib", 0.0)
     if doc["best"] and doc["baseline"]:
         doc["speedup_vs_baseline"] = doc["best"]["tokens_per_s_per_gpu"] / doc["baseline"]["tokens_per_s_per_gpu"]
+    if doc["best"] and default is not None and default.feasible_measurement:
+        doc["speedup_vs_verl_default"] = doc["best"]["tokens_per_s_per_gpu"] / default.tokens_per_s_per_gpu
     return doc
 
 
@@ -87,6 +98,22 @@ def write_result_json(path: Path, doc: dict) -> Path:
     return path
 
 
+def best_overrides(study: optuna.Study) -> list[str]:
+    """The best trial as `key=value` lines (Hydra override syntax) to paste into a launch script."""
+    from autotune.verl.export import hydra_overrides
+
+    best = best_records(study, k=1)
+    if not best:
+        raise ConfigError(f"study {study.study_name!r} has no finished feasible trial to export yet")
+    identity = identity_of(study)
+    attrs = study.trials[best[0].number].user_attrs
+    candidate = Candidate.from_params(attrs["candidate"])
+    overrides = verl_overrides(model_from_identity(identity), workload_of(identity, attrs), candidate,
+                               gpus_per_node=identity["gpus_per_node"], nodes=identity["nodes"],
+                               passthrough=identity.get("passthrough") or {})
+    return hydra_overrides(overrides, model_engine(candidate))
+
+
 def export_best(study: optuna.Study, out_dir: Path) -> Path:
     """Write OUT/best.yaml from the best feasible measured trial of a stored study."""
     best = best_records(study, k=1)
@@ -95,7 +122,7 @@ def export_best(study: optuna.Study, out_dir: Path) -> Path:
     identity = identity_of(study)
     rec = best[0]
     attrs = study.trials[rec.number].user_attrs
-    model = get_model(identity["model"])
+    model = model_from_identity(identity)
     candidate = Candidate.from_params(attrs["candidate"])
     workload = workload_of(identity, attrs)
     gpn, nodes = identity["gpus_per_node"], identity["nodes"]
@@ -107,5 +134,12 @@ def export_best(study: optuna.Study, out_dir: Path) -> Path:
                            study=study.study_name, trial=rec.number, tokens_per_s_per_gpu=rec.tokens_per_s_per_gpu,
                            mfu=rec.mfu, peak_mem_gib=rec.peak_mem_gib or 0.0,
                            baseline_tokens_per_s_per_gpu=base.tokens_per_s_per_gpu if base and base.feasible_measurement else None,
-                           tuned_workload_knobs=tuple(sorted(attrs.get("workload_tuned") or {})), config_dir=out_dir)
+                           tuned_workload_knobs=tuple(sorted(attrs.get("workload_tuned") or {})), config_dir=out_dir,
+                           baseline_label=baseline_label(study), baseline_trial=base.number if base else None,
+                           verl_default_tokens_per_s_per_gpu=_default_tps(study))
     return write_best_yaml(Path(out_dir) / "best.yaml", overrides, model_engine(candidate), header)
+
+
+def _default_tps(study: optuna.Study) -> float | None:
+    rec = verl_default_record(study)
+    return rec.tokens_per_s_per_gpu if rec is not None and rec.feasible_measurement else None

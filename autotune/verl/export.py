@@ -9,6 +9,7 @@ probed is what is exported. tests/verl/test_judge.py runs verl's own start-up ch
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import re
 from pathlib import Path
 
@@ -34,7 +35,7 @@ def _rows(job: Job, kinds: tuple[str, ...]) -> dict:
 def workload_overrides(model: ModelSpec, workload: Workload, *, gpus_per_node: int, nodes: int,
                        candidate: Candidate | None = None) -> dict:
     """The user's job: held fixed by the tuner, emitted so the export runs the same workload."""
-    job = Job(workload, candidate or Candidate(), model.hf_id, gpus_per_node, nodes)
+    job = Job(workload, candidate or Candidate(), model.model_path, gpus_per_node, nodes)  # the user's exact string
     return _rows(job, ("workload", "job"))
 
 
@@ -54,7 +55,7 @@ def verl_overrides(model: ModelSpec, workload: Workload, candidate: Candidate, *
     engine = "megatron" if candidate.is_megatron else "fsdp"
     user = {k: v for k, v in (passthrough or {}).items() if engine_of(k) in (None, engine)}
     out = dict(user)
-    job = Job(workload, candidate, model.hf_id, gpus_per_node, nodes)
+    job = Job(workload, candidate, model.model_path, gpus_per_node, nodes)
     user_recompute = candidate.is_megatron and candidate.gradient_checkpointing and \
         user.get(f"{OTC}.recompute_granularity") is not None
     for key in TABLE:
@@ -97,12 +98,38 @@ def _looks_numeric(text: str) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=4)
+def _verl_declared_keys(engine: str) -> frozenset[str] | None:
+    """Every dotted key of verl's ppo_trainer composed for `engine` (the optimizer and engine sections differ), or
+    None where verl's configs are not installed."""
+    try:
+        from omegaconf import OmegaConf
+
+        from autotune.verl.compose import compose_overrides
+        engine_args = [f"model_engine={engine}"] if engine != "dp" else []
+        config = OmegaConf.to_container(compose_overrides(engine_args), resolve=False)
+    except Exception:  # verl or hydra missing: only autotune's own added keys are known
+        return None
+    keys: set[str] = set()
+
+    def walk(node, prefix: str) -> None:
+        for k, v in node.items():
+            keys.add(prefix + str(k))
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+    walk(config, "")
+    return frozenset(keys)
+
+
 def hydra_overrides(overrides: dict, engine: str) -> list[str]:
-    """Command-line form: `key=value`, `+key=value` for the keys verl does not declare."""
+    """Command-line form: `key=value`, `+key=value` for the keys verl does not declare (Hydra refuses a plain
+    override of an undeclared key: "Could not override"). A user's own `+key` (passed through) is found by
+    looking the key up in verl's config where it is installed."""
+    declared = _verl_declared_keys(engine)
     args = [f"model_engine={engine}"] if engine != "dp" else []
     for key, value in overrides.items():
-        prefix = "+" if key in ADDED_KEYS else ""
-        args.append(f"{prefix}{key}={_hydra_value(value)}")
+        added = key in ADDED_KEYS or (declared is not None and key not in declared)
+        args.append(f"{'+' if added else ''}{key}={_hydra_value(value)}")
     return args
 
 
@@ -147,18 +174,24 @@ def write_best_yaml(path: Path, overrides: dict, engine: str, header: list[str])
 def export_header(*, model: ModelSpec, gpu_name: str, gpus_per_node: int, nodes: int, backend: str,
                   simulated: bool, study: str, trial: int, tokens_per_s_per_gpu: float, mfu: float | None,
                   peak_mem_gib: float, baseline_tokens_per_s_per_gpu: float | None,
-                  tuned_workload_knobs: tuple[str, ...], config_dir: Path) -> list[str]:
+                  tuned_workload_knobs: tuple[str, ...], config_dir: Path, baseline_label: str = "verl default",
+                  baseline_trial: int | None = None, verl_default_tokens_per_s_per_gpu: float | None = None) -> list[str]:
     kind = "SIMULATED by the calibrated model, not measured" if simulated else f"measured by the {backend} backend"
     lines = [
         "autotune export: verl 0.9.1 GRPO configuration",
-        f"model: {model.name} ({model.hf_id}); GPUs: {nodes} node(s) x {gpus_per_node} {gpu_name}",
+        f"model: {model.model_path}; GPUs: {nodes} node(s) x {gpus_per_node} {gpu_name}",
         f"study: {study}, trial {trial}; backend: {backend}; simulated: {str(simulated).lower()}",
         f"score ({kind}): {tokens_per_s_per_gpu:.1f} tokens/s/GPU, actor MFU "
         f"{'n/a' if mfu is None else f'{mfu:.3f}'}, peak memory {peak_mem_gib:.1f} GiB",
     ]
     if baseline_tokens_per_s_per_gpu:
         gain = tokens_per_s_per_gpu / baseline_tokens_per_s_per_gpu
-        lines.append(f"verl default baseline: {baseline_tokens_per_s_per_gpu:.1f} tokens/s/GPU (x{gain:.2f})")
+        trial_text = "" if baseline_trial is None else f" (trial {baseline_trial})"
+        lines.append(f"baseline, {baseline_label}{trial_text}: {baseline_tokens_per_s_per_gpu:.1f} tokens/s/GPU; "
+                     f"this configuration x{gain:.2f}")
+    if verl_default_tokens_per_s_per_gpu:
+        lines.append(f"verl's default configuration: {verl_default_tokens_per_s_per_gpu:.1f} tokens/s/GPU; this "
+                     f"configuration x{tokens_per_s_per_gpu / verl_default_tokens_per_s_per_gpu:.2f}")
     if tuned_workload_knobs:
         lines.append("WORKLOAD CHANGED (opted in): " + ", ".join(tuned_workload_knobs)
                      + " were tuned; the model may learn differently than with your values")

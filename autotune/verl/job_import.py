@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from autotune.errors import ConfigError
-from autotune.models import ModelSpec, get_model
+from autotune.models import ModelSpec
 from autotune.spaces.candidate import Candidate
 from autotune.verl.keys import (ARO, BY_KEY, DEPRECATED_GLOBAL_MICRO, JOB_KEYS, NOT_IN_VERL, OTC, WORKLOAD_FIELDS,
                                 active_knobs_for)
@@ -74,30 +74,56 @@ def _typed(field: str, key: str, value):
     raise ConfigError(f"{key}={value!r}: expected {expected} for {field}")
 
 
+def _shell_computed(text) -> bool:
+    """A value the shell computes at run time ($VAR, ${...}, $(...), backticks): never exported as text."""
+    return isinstance(text, str) and ("$" in text or "`" in text)
+
+
 def user_job(imported, *, model_name: str | None = None) -> UserJob:
-    """Split an ImportedJob (autotune/verl/launch_script.py) into workload, baseline and passthrough."""
+    """Split an ImportedJob (autotune/verl/launch_script.py) into workload, baseline and passthrough.
+
+    Every key that cannot be read is collected and reported in one ConfigError, so a script needs one
+    fix-and-rerun, not one per key. Passthrough values the shell computes are reported and left out of the
+    export (Hydra would read `${...}` as an interpolation and a `$(date)` as text)."""
+    from autotune.model_config import resolve_model
+
     unresolved = list(imported.unresolved)
+    errors: list[str] = []
+    dropped = set(getattr(imported, "unresolved_keys", ()) or ())
     values = {}
     for k, v in imported.overrides.items():
         if k.startswith("~"):
             continue
         try:
             values[k] = hydra_value(k.lstrip("+"), v)
-        except ConfigError:
-            if "$" not in v and "`" not in v:
-                raise
-            values[k] = v  # holds what the shell would compute at run time: kept verbatim, reported
-            unresolved.append(f"{k} (value {v!r} is computed by the shell at run time)")
+        except ConfigError as exc:
+            if not _shell_computed(v):
+                errors.append(str(exc).removeprefix("cannot read "))
+                continue
+            values[k] = v  # holds what the shell would compute at run time
+            dropped.add(k)
     unresolved += [f"{k} (deletion cannot be exported)" for k in imported.overrides if k.startswith("~")]
     config_name = (imported.config_name or "ppo_trainer").removesuffix(".yaml")
     if config_name not in ("ppo_trainer", "ppo_megatron_trainer"):
         unresolved.append(f"--config-name={imported.config_name} (only verl's ppo_trainer is read)")
-    path = values.get(f"{ARO}.model.path")
-    name = model_name or (path if isinstance(path, str) else None)
-    if not name:
-        raise ConfigError(f"{imported.source}: actor_rollout_ref.model.path is not set or not readable statically "
-                          f"(unresolved: {', '.join(imported.unresolved) or 'none'}); pass --model")
-    model = get_model(name)
+    path_key = f"{ARO}.model.path"
+    path = values.get(path_key)
+    model = None
+    if model_name:
+        try:
+            model = resolve_model(model_name)
+        except ConfigError as exc:
+            errors.append(str(exc))
+    elif path_key in dropped or _shell_computed(path):
+        errors.append(f"{path_key} is computed by the shell ({imported.overrides.get(path_key)}); pass --model "
+                      "or give it after --")
+    elif isinstance(path, str) and path:
+        try:
+            model = resolve_model(path)
+        except ConfigError as exc:
+            errors.append(f"{path_key}={path}: {exc}" if path not in str(exc) else str(exc))
+    elif path_key not in values and not any(e.startswith(path_key) for e in errors):
+        errors.append(f"{path_key} is not set; pass --model")
     workload_changes, candidate_changes, passthrough = {}, {}, {}
     if config_name == "ppo_megatron_trainer":  # verl's shim: ppo_trainer with model_engine=megatron
         candidate_changes["actor_engine"] = "megatron"
@@ -109,6 +135,16 @@ def user_job(imported, *, model_name: str | None = None) -> UserJob:
     unreadable = []  # every key whose value cannot be read statically, reported at once
     for key, value in values.items():
         bare = key.lstrip("+")
+        row = BY_KEY.get(bare)
+        raw = str(imported.overrides.get(key, value))
+        data_file = row is not None and row.field in ("train_files", "val_files")
+        if (key in dropped or _shell_computed(value)) and not (data_file and "$(" not in raw and "`" not in raw):
+            if row is not None and row.field:
+                errors.append(f"{key}={raw} is not readable statically (computed by the shell)")
+            elif bare != path_key:
+                unresolved.append(f"{key} (value {raw!r} is computed by the shell at run time; not exported, "
+                                  "give it after --)")
+            continue
         if bare in NOT_IN_VERL:
             unresolved.append(f"{bare} ({NOT_IN_VERL[bare]}; dropped)")
             continue
@@ -143,12 +179,11 @@ def user_job(imported, *, model_name: str | None = None) -> UserJob:
             continue
         if target is candidate_changes:
             field_keys.setdefault(row.field, []).append((bare, values[key]))
-    if unreadable:
-        shell = [k for k, msg in unreadable if "not readable statically" in msg]
-        other = [msg for k, msg in unreadable if "not readable statically" not in msg]
-        parts = ([f"not readable statically: {', '.join(shell)}; give their values after --, e.g. -- "
-                  + " ".join(f"{k}=VALUE" for k in shell)] if shell else []) + other
-        raise ConfigError(f"{imported.source}: " + "; ".join(parts))
+    errors += [msg for _, msg in unreadable]
+    if errors:
+        raise ConfigError(f"{imported.source}: cannot read {len(dict.fromkeys(errors))} key(s) statically, all of "
+                          "them: " + "; ".join(dict.fromkeys(errors))
+                          + "; give their values after --, e.g. -- KEY=VALUE (or --model for the model)")
     if megatron:
         # verl's Megatron defaults where the script is silent: no recompute (engine/megatron.yaml:75), expert TP
         # = TP (megatron.yaml:17 null; megatron-core uses TP)

@@ -34,7 +34,7 @@ class Job(NamedTuple):
     """What a row's `when` and `to_verl` see."""
     workload: Workload
     candidate: Candidate
-    model_hf_id: str
+    model_path: str  # model.path exactly as the user gave it
     gpus_per_node: int
     nodes: int
 
@@ -128,7 +128,7 @@ TABLE: tuple[Key, ...] = (
     Key("data.train_batch_size", "train_batch_size", "workload", f"{CONFIG}/data/legacy_data.yaml:42"),
     Key("data.max_prompt_length", "max_prompt_length", "workload", f"{CONFIG}/data/legacy_data.yaml:35"),
     Key("data.max_response_length", "max_response_length", "workload", f"{CONFIG}/data/legacy_data.yaml:39"),
-    Key(f"{M}.path", None, "workload", f"{CONFIG}/model/hf_model.yaml:10", to_verl=lambda j: j.model_hf_id,
+    Key(f"{M}.path", None, "workload", f"{CONFIG}/model/hf_model.yaml:10", to_verl=lambda j: j.model_path,
         user_wins=True),
     Key(f"{A}.ppo_mini_batch_size", "ppo_mini_batch_size", "workload", f"{CONFIG}/actor/actor.yaml:18"),
     Key(f"{A}.ppo_epochs", "ppo_epochs", "workload", f"{CONFIG}/actor/actor.yaml:119"),

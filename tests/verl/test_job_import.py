@@ -57,7 +57,7 @@ def test_every_fixture_imports_or_names_what_is_missing(path):
         from autotune.errors import ConfigError
         assert isinstance(job, ConfigError) and "\n" not in str(job), job
         assert any(m in str(job) for m in ("unknown model", "cannot read actor_rollout_ref.model.path",
-                                           "not readable statically")), job
+                                           "not readable statically", "statically, all of them")), job
         return
     assert job.workload.train_batch_size >= 1 and job.workload.rollout_n >= 1
     inactive = [k for k in job.passthrough if kind_of(k) == "system"
