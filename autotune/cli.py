@@ -109,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command in ("run", "worker", "train"):
-        interrupt.install()  # Ctrl-C and a scheduler's SIGTERM stop at the next safe point
+        interrupt.install()  # Ctrl-C, a scheduler's SIGTERM and SIGHUP stop the run (interrupt.py)
+    else:
+        interrupt.restore_defaults()  # __main__ stopped at once while loading; these commands keep Python's ways
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -40,6 +40,15 @@ def install() -> None:
         signal.signal(sig, _handler)
 
 
+def restore_defaults() -> None:
+    """Python's own handling (KeyboardInterrupt on Ctrl-C; SIGTERM and SIGHUP end the process)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 @contextmanager
 def critical() -> Iterator[None]:
     """Hold signals until the block ends, then raise KeyboardInterrupt if one came."""
