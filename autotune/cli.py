@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from autotune import __version__
-from autotune.argtypes import positive_float, positive_int, whole_int, writable_folder
+from autotune.argtypes import positive_float, positive_int, seed_int, whole_int, writable_folder
 from autotune.errors import AutotuneError, ConfigError
 
 EPILOG = """examples:
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--storage", help="SQLAlchemy URL of the study database (default: sqlite:///OUT/autotune.db)")
     run.add_argument("--study", help="study name (default: MODEL-NODESxGPUS-BACKEND)")
     run.add_argument("--out", default="autotune-out", help="output folder (default ./autotune-out)")
-    run.add_argument("--seed", type=whole_int, default=None, help="sampler seed")
+    run.add_argument("--seed", type=seed_int, default=None, help="sampler seed")
     run.add_argument("--config", type=Path, help="tune.yaml: workload, pinned knobs, narrowed ranges")
     run.add_argument("--gpu", help="GPU type when none is detected (default H200; see hardware table)")
     run.add_argument("--host-mem-gib", type=positive_float,
@@ -153,11 +153,8 @@ def build_tune_config(args):
     gpus = args.gpus if args.gpus is not None else (job.gpus_per_node if job else None)
     if gpus is None:
         raise ConfigError("--gpus is required (GPUs per node)")
-    if gpus < 1:
-        raise ConfigError(f"--gpus must be at least 1, but got --gpus {gpus}")
+    check_cluster(gpus, args.nodes)
     args.gpus = gpus
-    if args.nodes < 1:
-        raise ConfigError(f"--nodes must be at least 1, but got --nodes {args.nodes}")
     model_name = args.model or tune.model or (job.model.name if job else None)
     if not model_name:
         raise ConfigError("--model is required (or `model:` in tune.yaml); see `autotune models`")
@@ -205,6 +202,17 @@ def build_tune_config(args):
     return cfg
 
 
+MAX_GPUS_PER_NODE = 1024  # no machine has more; larger numbers are typos (and slow the layout search to a crawl)
+MAX_NODES = 65536
+
+
+def check_cluster(gpus: int, nodes: int) -> None:
+    if not 1 <= gpus <= MAX_GPUS_PER_NODE:
+        raise ConfigError(f"--gpus (GPUs per node) must be in 1..{MAX_GPUS_PER_NODE}, but got --gpus {gpus}")
+    if not 1 <= nodes <= MAX_NODES:
+        raise ConfigError(f"--nodes must be in 1..{MAX_NODES}, but got --nodes {nodes}")
+
+
 def load_user_job(path: Path, overrides: list[str], model_name: str | None):
     """The user's own verl job (launch script or YAML), plus Hydra overrides given after --."""
     from dataclasses import replace
@@ -234,6 +242,7 @@ def cmd_estimate(args) -> int:
     nodes = args.nodes if args.nodes is not None else (job.nodes or 1)
     if gpus is None or gpus < 1 or nodes < 1:
         raise ConfigError("--gpus (GPUs per node, >= 1) is required when the job does not set trainer.n_gpus_per_node")
+    check_cluster(gpus, nodes)
     detected = detect_gpus()
     gpu = get_gpu(args.gpu) if args.gpu else (match_device_name(detected.device_name) if detected and
                                                match_device_name(detected.device_name) else get_gpu(DEFAULT_GPU))

@@ -62,9 +62,13 @@ def probe(self, request, report):
     time.sleep(step_s)
     return orig(self, request, slow)
 sim.SimRunner.probe = probe
-if os.environ.get("AUTOTUNE_FAULTS_NO_CLAIMS"):  # --no-claims: measure what the claims prevent
+if os.environ.get("AUTOTUNE_FAULTS_NO_CLAIMS"):  # --no-claims: the behaviour issue 20 measured
+    import optuna
     from autotune.search import lease
     lease.claim = lambda study, trial: None
+    enqueue = optuna.Study.enqueue_trial
+    optuna.Study.enqueue_trial = lambda self, params, user_attrs=None, skip_if_exists=False: enqueue(
+        self, params, user_attrs)
 from autotune.cli import main
 sys.exit(main(sys.argv[2:]))
 """
@@ -294,7 +298,8 @@ def main() -> int:
                    help="PostgreSQL URL for the worker campaign (bash .ci/postgres.sh prints one)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-claims", action="store_true",
-                   help="workers without configuration claims (for comparison; expected OFF TARGET)")
+                   help="workers without configuration claims and with duplicate model proposals, as before "
+                        "issue 20 (for comparison; expected OFF TARGET)")
     p.add_argument("--only", choices=("kill9", "orphans", "workers", "signals"), action="append")
     args = p.parse_args()
     rng = random.Random(args.seed)

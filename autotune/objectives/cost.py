@@ -166,15 +166,15 @@ def _rollout_s(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candida
     weight_read_s = BF16 * active / tp / (gpu.hbm_bytes_per_s * k.rollout.decode_hbm_efficiency)
     allreduce_s = 2 * model.num_layers * k.rollout.tp_allreduce_latency_s if tp > 1 else 0.0
     mean_ctx = prompt + resp / 2
-    decode_s = 0.0
-    remaining = seqs
-    for _ in range(waves):
-        batch = min(concurrency, remaining)
-        remaining -= batch
+
+    def wave_s(batch: float) -> float:
         kv_read_s = batch * mean_ctx * kv_per_token / (gpu.hbm_bytes_per_s * k.rollout.decode_hbm_efficiency)
         compute_s = 2 * active * batch / tp / (gpu.peak_bf16_flops * k.rollout.prefill_mfu)
-        step_s = max(weight_read_s, compute_s) + kv_read_s + allreduce_s + k.rollout.decode_step_overhead_s
-        decode_s += resp * step_s
+        return resp * (max(weight_read_s, compute_s) + kv_read_s + allreduce_s + k.rollout.decode_step_overhead_s)
+
+    # every wave but the last is full: closed form, not one loop turn per wave (a huge batch would hang here)
+    last = seqs - (waves - 1) * concurrency
+    decode_s = (waves - 1) * wave_s(concurrency) + wave_s(last)
     prefill_tokens = seqs * prompt
     chunks = prefill_tokens / cand.max_num_batched_tokens
     prefill_s = max(2 * active * prefill_tokens / tp / (gpu.peak_bf16_flops * k.rollout.prefill_mfu),
