@@ -9,7 +9,8 @@ def _stop_early(signum, frame) -> None:  # before the CLI is loaded nothing is s
 
 
 for _sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-    signal.signal(_sig, _stop_early)
+    if signal.getsignal(_sig) is not signal.SIG_IGN:  # `nohup` and background jobs ignore some on purpose
+        signal.signal(_sig, _stop_early)
 
 from autotune.cli import main  # noqa: E402 - after the handlers: importing takes a second or two
 

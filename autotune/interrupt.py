@@ -37,16 +37,18 @@ def install() -> None:
     if threading.current_thread() is not threading.main_thread():
         return
     for sig in _SIGNALS:
-        signal.signal(sig, _handler)
+        if signal.getsignal(sig) is not signal.SIG_IGN:  # `nohup` ignores SIGHUP on purpose: keep it so
+            signal.signal(sig, _handler)
 
 
 def restore_defaults() -> None:
     """Python's own handling (KeyboardInterrupt on Ctrl-C; SIGTERM and SIGHUP end the process)."""
     if threading.current_thread() is not threading.main_thread():
         return
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    for sig, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL),
+                         (signal.SIGHUP, signal.SIG_DFL)):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, default)
 
 
 @contextmanager

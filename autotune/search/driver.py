@@ -275,9 +275,11 @@ def run_study(cfg: TuneConfig, runner: ProbeRunner, *, on_trial: TrialCallback |
                 with interrupt.critical():
                     _fail_interrupted(study, trial)
             raise
-        except optuna.exceptions.UpdateFinishedTrialError:
+        except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
             # another tuner failed this trial while its storage was unreachable (no heartbeat for GRACE_S) and
-            # queued a retry; our result cannot be stored on it
+            # queued a retry; our result cannot be stored on it (Optuna's tell says so with a ValueError)
+            if trial is None or not study.trials[trial.number].user_attrs.get("interrupted"):
+                raise
             continue
         finally:
             if beat is not None:

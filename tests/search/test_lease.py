@@ -191,3 +191,28 @@ def test_a_second_writer_on_one_sqlite_file_is_one_line_naming_the_alternatives(
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert "in use by another autotune process" in out and "PostgreSQL" in out and "journal" in out
     assert len(out.strip().splitlines()) == 1
+
+
+def test_a_tuner_whose_trial_was_failed_by_another_goes_on_with_the_next(tmp_path):
+    """A worker that lost its database for longer than the grace finds its trial failed (and retried) by
+    another tuner: it cannot store its result there, and carries on instead of crashing."""
+    from autotune.objectives.sim import SimRunner
+
+    cfg = _cfg(tmp_path, trials=4)
+
+    class ReapedMidProbe(SimRunner):
+        done = False
+
+        def probe(self, request, report):
+            result = super().probe(request, report)
+            if not self.done:
+                self.done = True
+                study = optuna.load_study(study_name="s", storage=cfg.storage_url)
+                assert lease.reap(study, study._storage, grace_s=0.0) == [request.trial_number]  # test-only access
+            return result
+
+    study = run_study(cfg, ReapedMidProbe())
+    reaped = [t for t in study.trials if t.user_attrs.get("interrupted")]
+    assert len(reaped) == 1 and reaped[0].state == TrialState.FAIL
+    assert [t for t in study.trials if t.user_attrs.get("retry_of") == reaped[0].number]
+    assert not [t for t in study.trials if t.state == TrialState.RUNNING]
