@@ -208,9 +208,10 @@ MAX_NODES = 65536
 
 def check_cluster(gpus: int, nodes: int) -> None:
     if not 1 <= gpus <= MAX_GPUS_PER_NODE:
-        raise ConfigError(f"--gpus (GPUs per node) must be in 1..{MAX_GPUS_PER_NODE}, but got --gpus {gpus}")
+        raise ConfigError(f"--gpus must be at least 1 and at most {MAX_GPUS_PER_NODE} (GPUs per node), but got "
+                          f"--gpus {gpus}")
     if not 1 <= nodes <= MAX_NODES:
-        raise ConfigError(f"--nodes must be in 1..{MAX_NODES}, but got --nodes {nodes}")
+        raise ConfigError(f"--nodes must be at least 1 and at most {MAX_NODES}, but got --nodes {nodes}")
 
 
 def load_user_job(path: Path, overrides: list[str], model_name: str | None):

@@ -52,7 +52,7 @@ class ProbeBudget:
             value = getattr(self, name)
             low = 0 if name == "warmup_steps" else 1
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= MAX_PROBE_STEPS:
-                raise ConfigError(f"probe.{name} must be an integer in {low}..{MAX_PROBE_STEPS}, "
+                raise ConfigError(f"probe.{name} must be an integer >= {low} (at most {MAX_PROBE_STEPS}), "
                                   f"but got {name}={value!r}")
 
 

@@ -39,7 +39,7 @@ class Workload:
                      "max_response_length", "ppo_epochs"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_WORKLOAD_INT:
-                raise ConfigError(f"workload.{name} must be an integer in 1..{MAX_WORKLOAD_INT}, but got "
+                raise ConfigError(f"workload.{name} must be a positive integer (at most {MAX_WORKLOAD_INT}), but got "
                                   f"{name}={value!r}")
         if not isinstance(self.lora_rank, int) or self.lora_rank < 0:
             raise ConfigError(f"workload.lora_rank must be an integer >= 0, but got lora_rank={self.lora_rank!r}")
