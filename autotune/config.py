@@ -200,8 +200,8 @@ def load_yaml_file(path: Path):
     """A small YAML file, or one ConfigError line: not a regular file, too big, not UTF-8, not YAML, nested
     too deeply, or more than MAX_YAML_NODES values once aliases are expanded."""
     try:
-        if not path.is_file():
-            raise ConfigError(f"--config {path}: not a file")
+        if path.exists() and not path.is_file():  # a folder, /dev/zero, a pipe
+            raise ConfigError(f"cannot read --config {path}: not a regular file")
         with path.open("rb") as fh:
             raw = fh.read(MAX_TUNE_YAML_BYTES + 1)
     except OSError as exc:
