@@ -231,24 +231,27 @@ def orphans(tmp: Path, rng: random.Random, rounds: int, tally: Tally) -> None:
 
 def workers(tmp: Path, storage: str, label: str, trials: int, tally: Tally) -> None:
     out = tmp / f"workers-{label}"
-    procs = [tuner(run_args(out, trials, storage))]
+    name = f"faults-{label}-{os.getpid()}-{int(time.time())}"  # its own study: the server may be shared
+    procs = [tuner([*run_args(out, trials, storage), "--study", name])]
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # the workers join once the run has created the study
         try:
-            load(storage)
+            load(storage, name)
             break
         except Exception:  # noqa: BLE001 - not created yet
             time.sleep(0.3)
     for i in range(3):
-        procs.append(tuner(["worker", "--study", STUDY, "--storage", storage, "--trials", str(trials),
+        procs.append(tuner(["worker", "--study", name, "--storage", storage, "--trials", str(trials),
                             "--out", str(tmp / f"w{label}{i}"), "--quiet"]))
     rcs = [p.wait(timeout=900) for p in procs]
-    study = load(storage)
+    study = load(storage, name)
     launched, rep = repeats(study)
     skipped = sum(t.user_attrs.get("state") == "skipped" for t in study.trials)
     tally.add(f"workers-{label}", exit_codes=rcs, launched=launched, repeated=rep,
               repeated_pct=round(100 * rep / max(launched, 1), 1), skipped=skipped, running_left=running(study),
               baseline_missing=0 if baseline_ok(out) else 1)
+    if not storage.startswith("journal:"):
+        optuna.delete_study(study_name=name, storage=storage)  # leave the shared server as it was
 
 
 def signals(tmp: Path, rng: random.Random, rounds: int, tally: Tally) -> None:
@@ -321,12 +324,6 @@ def main() -> int:
             orphans(tmp, rng, rounds=8 // n if n == 1 else 3, tally=tally)
         if "workers" in only:
             if args.postgres:
-                from sqlalchemy import create_engine, text
-
-                engine = create_engine(args.postgres)  # a fresh schema: the campaign's study only
-                with engine.begin() as conn:
-                    conn.execute(text("DROP SCHEMA public CASCADE; CREATE SCHEMA public"))
-                engine.dispose()
                 workers(tmp, args.postgres, "postgresql", trials=60 // n, tally=tally)
             else:
                 print("  workers-postgresql: skipped (no --postgres URL)")
