@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"autotune: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
+        interrupt.ignore_further()  # stopping already: another Ctrl-C here would only print a traceback
         interrupt.reset()
         print("autotune: interrupted; finished trials are stored, run the same command to resume", file=sys.stderr)
         return 130

@@ -41,6 +41,13 @@ def install() -> None:
             signal.signal(sig, _handler)
 
 
+def ignore_further() -> None:
+    """The run is stopping: further signals have nothing left to interrupt."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in _SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+
+
 def restore_defaults() -> None:
     """Python's own handling (KeyboardInterrupt on Ctrl-C; SIGTERM and SIGHUP end the process)."""
     if threading.current_thread() is not threading.main_thread():

@@ -273,7 +273,10 @@ def signals(tmp: Path, rng: random.Random, rounds: int, tally: Tally) -> None:
         cases += 1
         codes.append(proc.returncode)
         # 130: stopped by autotune; -N: the signal came while Python itself was starting, before any code ran
-        bad_exit += proc.returncode not in (130, 0, -sigs[0]) or "Traceback" in err
+        bad = proc.returncode not in (130, 0, -sigs[0]) or "Traceback" in err or len(err.strip().splitlines()) > 1
+        bad_exit += bad
+        if bad:
+            print(f"    {name} after the delay: exit {proc.returncode}, stderr {err.strip()[-300:]!r}", flush=True)
         multiline += len(err.strip().splitlines()) > 1
         if (out / "autotune.db").exists():
             try:
