@@ -15,6 +15,16 @@ def whole_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
 
 
+SEED_MAX = 2**32 - 1  # numpy's and Optuna's samplers take seeds in 0..2**32-1
+
+
+def seed_int(text: str) -> int:
+    value = whole_int(text)
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"must be in 0..{SEED_MAX}, got {value}")
+    return value
+
+
 def positive_int(text: str) -> int:
     value = whole_int(text)
     if value < 1:
@@ -34,6 +44,8 @@ def positive_float(text: str) -> float:
 
 def writable_folder(out: str) -> Path:
     """--out: created if missing, and proven writable before anything is stored."""
+    if not out.strip():
+        raise ConfigError("--out is empty; give a folder (default ./autotune-out)")
     path = Path(out).expanduser()
     try:
         path.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from autotune import __version__
-from autotune.argtypes import positive_float, positive_int, whole_int, writable_folder
+from autotune.argtypes import positive_float, positive_int, seed_int, whole_int, writable_folder
 from autotune.errors import AutotuneError, ConfigError
 
 EPILOG = """examples:
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--storage", help="SQLAlchemy URL of the study database (default: sqlite:///OUT/autotune.db)")
     run.add_argument("--study", help="study name (default: MODEL-NODESxGPUS-BACKEND)")
     run.add_argument("--out", default="autotune-out", help="output folder (default ./autotune-out)")
-    run.add_argument("--seed", type=whole_int, default=None, help="sampler seed")
+    run.add_argument("--seed", type=seed_int, default=None, help="sampler seed")
     run.add_argument("--config", type=Path, help="tune.yaml: workload, pinned knobs, narrowed ranges")
     run.add_argument("--gpu", help="GPU type when none is detected (default H200; `autotune gpus` lists names)")
     run.add_argument("--host-mem-gib", type=positive_float,
@@ -125,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command in ("run", "worker", "train"):
-        interrupt.install()  # Ctrl-C and a scheduler's SIGTERM stop at the next safe point
+        interrupt.install()  # Ctrl-C, a scheduler's SIGTERM and SIGHUP stop the run (interrupt.py)
+    else:
+        interrupt.restore_defaults()  # __main__ stopped at once while loading; these commands keep Python's ways
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -135,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"autotune: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
+        interrupt.ignore_further()  # stopping already: another Ctrl-C here would only print a traceback
         interrupt.reset()
         print("autotune: interrupted; finished trials are stored, run the same command to resume", file=sys.stderr)
         return 130
@@ -167,11 +170,8 @@ def build_tune_config(args):
     gpus = args.gpus if args.gpus is not None else (job.gpus_per_node if job else None)
     if gpus is None:
         raise ConfigError("--gpus is required (GPUs per node)")
-    if gpus < 1:
-        raise ConfigError(f"--gpus must be at least 1, but got --gpus {gpus}")
+    check_cluster(gpus, args.nodes)
     args.gpus = gpus
-    if args.nodes < 1:
-        raise ConfigError(f"--nodes must be at least 1, but got --nodes {args.nodes}")
     model_name = args.model or tune.model or (job.model.name if job else None)
     if not model_name:
         raise ConfigError("--model is required (or `model:` in tune.yaml); see `autotune models`")
@@ -234,6 +234,18 @@ def first_line(model, gpu, gpu_how: str, gpus_per_node: int, nodes: int, workloa
             f"{lora}")
 
 
+MAX_GPUS_PER_NODE = 1024  # no machine has more; larger numbers are typos (and slow the layout search to a crawl)
+MAX_NODES = 65536
+
+
+def check_cluster(gpus: int, nodes: int) -> None:
+    if not 1 <= gpus <= MAX_GPUS_PER_NODE:
+        raise ConfigError(f"--gpus must be at least 1 and at most {MAX_GPUS_PER_NODE} (GPUs per node), but got "
+                          f"--gpus {gpus}")
+    if not 1 <= nodes <= MAX_NODES:
+        raise ConfigError(f"--nodes must be at least 1 and at most {MAX_NODES}, but got --nodes {nodes}")
+
+
 def load_user_job(path: Path, overrides: list[str], model_name: str | None):
     """The user's own verl job (launch script or YAML), plus Hydra overrides given after --."""
     from dataclasses import replace
@@ -267,6 +279,7 @@ def cmd_estimate(args) -> int:
     nodes = args.nodes if args.nodes is not None else (job.nodes or 1)
     if gpus is None or gpus < 1 or nodes < 1:
         raise ConfigError("--gpus (GPUs per node, >= 1) is required when the job does not set trainer.n_gpus_per_node")
+    check_cluster(gpus, nodes)
     gpu, gpu_how = choose_gpu(args.gpu, detect_gpus())
     workload = job.workload
     if args.mean_response_length is not None:

@@ -15,6 +15,7 @@ tune.yaml (every section optional):
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,10 @@ PROBE_KEYS = {"warmup_steps", "timed_steps"}
 SEARCH_KEYS = {"objective", "memory_margin_gib", "warm_start", "prescreen", "boundaries"}
 BUDGET_KEYS = {"probes", "gpu_hours", "wall_time_s"}
 OBJECTIVES = ("throughput", "throughput_and_memory")
-_STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # fullmatch: `$` would let a final newline in
+MAX_TUNE_YAML_BYTES = 1 << 20  # a tune.yaml is a few lines; this also stops --config /dev/zero
+MAX_YAML_NODES = 100_000  # values after expanding aliases: a "billion laughs" file is refused, not expanded
+MAX_PROBE_STEPS = 100  # a probe measures a few steps; more is a full training run
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,8 +50,9 @@ class ProbeBudget:
     def __post_init__(self) -> None:
         for name in ("warmup_steps", "timed_steps"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "warmup_steps" else 1):
-                raise ConfigError(f"probe.{name} must be an integer >= {0 if name == 'warmup_steps' else 1}, "
+            low = 0 if name == "warmup_steps" else 1
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= MAX_PROBE_STEPS:
+                raise ConfigError(f"probe.{name} must be an integer >= {low} (at most {MAX_PROBE_STEPS}), "
                                   f"but got {name}={value!r}")
 
 
@@ -63,7 +68,7 @@ class SearchOptions:
         if self.objective not in OBJECTIVES:
             raise ConfigError(f"search.objective must be one of {', '.join(OBJECTIVES)}, but got {self.objective!r}")
         if not isinstance(self.memory_margin_gib, (int, float)) or isinstance(self.memory_margin_gib, bool) \
-                or self.memory_margin_gib < 0:
+                or not 0 <= self.memory_margin_gib < math.inf:
             raise ConfigError(f"search.memory_margin_gib must be a number >= 0, but got {self.memory_margin_gib!r}")
         if not isinstance(self.warm_start, int) or isinstance(self.warm_start, bool) or not 0 <= self.warm_start <= 20:
             raise ConfigError(f"search.warm_start must be an integer in 0..20, but got {self.warm_start!r}")
@@ -89,7 +94,7 @@ class Budget:
             value = getattr(self, name)
             if value is None:
                 continue
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0 \
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf \
                     or (name == "probes" and not isinstance(value, int)):
                 raise ConfigError(f"budget.{name} must be a positive {'integer' if name == 'probes' else 'number'}, "
                                   f"but got {name}={value!r}")
@@ -161,17 +166,7 @@ def load_tune_yaml(path: Path | None) -> TuneYaml:
     """Parse and validate tune.yaml; every problem is one ConfigError line naming the key."""
     if path is None:
         return TuneYaml()
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read --config {path}: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
-    data = _mapping(data, f"{path}")
+    data = _mapping(load_yaml_file(Path(path)), f"{path}")
     unknown = sorted(set(map(str, data)) - TUNE_YAML_KEYS)
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {unknown}; allowed: {sorted(TUNE_YAML_KEYS)}")
@@ -201,8 +196,51 @@ def load_tune_yaml(path: Path | None) -> TuneYaml:
                     tune_workload=tuple(tune_workload), probe=probe, search=search, budget=budget)
 
 
+def load_yaml_file(path: Path):
+    """A small YAML file, or one ConfigError line: not a regular file, too big, not UTF-8, not YAML, nested
+    too deeply, or more than MAX_YAML_NODES values once aliases are expanded."""
+    try:
+        if path.exists() and not path.is_file():  # a folder, /dev/zero, a pipe
+            raise ConfigError(f"cannot read --config {path}: not a regular file")
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_TUNE_YAML_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"cannot read --config {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_TUNE_YAML_BYTES:
+        raise ConfigError(f"--config {path}: larger than {MAX_TUNE_YAML_BYTES >> 20} MiB; not a tune.yaml")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"--config {path}: not UTF-8 text (byte {exc.start})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply") from None
+    _check_size(data, path)
+    return data
+
+
+def _check_size(data, path: Path) -> None:
+    """Count values as if aliases were copied (iteratively: no recursion); refuse past MAX_YAML_NODES."""
+    stack, seen = [data], 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if seen > MAX_YAML_NODES:
+            raise ConfigError(f"{path}: more than {MAX_YAML_NODES} values once YAML aliases are expanded")
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
 def check_study_name(name: str) -> str:
-    if not _STUDY_NAME.match(name):
+    if not _STUDY_NAME.fullmatch(name):
         raise ConfigError(f"--study must be 1-128 letters, digits, '.', '_' or '-', but got {name!r}")
     return name
 

@@ -17,7 +17,7 @@ import os
 import socket
 from pathlib import Path
 
-from autotune.argtypes import positive_int, whole_int, writable_folder
+from autotune.argtypes import positive_int, seed_int, whole_int, writable_folder
 from autotune.errors import ConfigError
 
 DEFAULT_OUT = "autotune-out"
@@ -61,7 +61,7 @@ def add_commands(subparsers) -> None:
     worker.add_argument("--trials", type=positive_int, default=40,
                         help="finished trials the study should hold, counting every worker's (default 40)")
     worker.add_argument("--out", default=DEFAULT_OUT, help="folder for probe runs and logs (default ./autotune-out)")
-    worker.add_argument("--seed", type=whole_int, default=None, help="sampler seed (default none: workers must differ)")
+    worker.add_argument("--seed", type=seed_int, default=None, help="sampler seed (default none: workers must differ)")
     worker.add_argument("--config", type=Path,
                         help="the tune.yaml the study was started with (pinned knobs, narrowed ranges, probe steps)")
     worker.add_argument("--quiet", action="store_true", help="no per-trial lines")

@@ -11,6 +11,11 @@ from dataclasses import dataclass, fields, replace
 from autotune.errors import ConfigError
 
 
+# far above any GRPO job (verl's examples: batches of 1024 prompts, 16k-token responses); beyond it a
+# value is a typo, and the cost model's arithmetic on it would take hours
+MAX_WORKLOAD_INT = 1 << 24
+
+
 @dataclass(frozen=True, kw_only=True)
 class Workload:
     train_batch_size: int = 1024  # prompts per RL step (data.train_batch_size)
@@ -45,8 +50,9 @@ class Workload:
         for name in ("train_batch_size", "ppo_mini_batch_size", "rollout_n", "max_prompt_length",
                      "max_response_length", "ppo_epochs"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"workload.{name} must be a positive integer, but got {name}={value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_WORKLOAD_INT:
+                raise ConfigError(f"workload.{name} must be a positive integer (at most {MAX_WORKLOAD_INT}), but got "
+                                  f"{name}={value!r}")
         if not isinstance(self.lora_rank, int) or self.lora_rank < 0:
             raise ConfigError(f"workload.lora_rank must be an integer >= 0, but got lora_rank={self.lora_rank!r}")
         targets = self.lora_target_modules

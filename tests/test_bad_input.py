@@ -65,7 +65,50 @@ YAMLS = {
     "bad_budget": "budget: {probes: 0}\n",
     "unknown_budget_key": "budget: {hours: 3}\n",
     "probe_zero_steps": "probe: {timed_steps: 0}\n",
+    # issue 20: hangs, tracebacks and wrong acceptances found by fault injection
+    "range_nan": "ranges: {gpu_memory_utilization: {low: .nan, high: 0.8}}\n",
+    "range_inf_step": "ranges: {gpu_memory_utilization: {low: 0.4, high: 0.8, step: .inf}}\n",
+    "choices_nan": "ranges: {gpu_memory_utilization: [0.5, .nan]}\n",
+    "budget_nan_gpu_hours": "budget: {gpu_hours: .nan}\n",
+    "budget_inf_wall_time": "budget: {wall_time_s: .inf}\n",
+    "probe_1e8_steps": "probe: {timed_steps: 100000000}\n",
+    "train_batch_1e32": "workload: {train_batch_size: 100000000000000000000000000000000}\n",
+    "deeply_nested": "a: " + "[" * 5000 + "]" * 5000 + "\n",
+    "alias_bomb": "fixed:\n  a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
+        f"  {k}: &{k} [{', '.join([f'*{p}'] * 10)}]\n" for p, k in zip("abcde", "bcdef")),
 }
+
+RAW_CONFIGS = {
+    "not_utf8": b"model: qwen2.5-7b\n# \xff\xfe\n",
+    "too_big": b"# " + b"x" * (1 << 20) + b"\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(RAW_CONFIGS))
+def test_bad_tune_yaml_bytes(existing, tmp_path, name):
+    config = tmp_path / "tune.yaml"
+    config.write_bytes(RAW_CONFIGS[name])
+    proc = _cli(*RUN, "--backend", "sim", "--out", str(existing), "--config", str(config))
+    assert proc.returncode == 2, (name, proc.stdout, proc.stderr)
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("autotune: error: ")
+
+
+SCRIPTS = {
+    "not_utf8": b"#!/bin/bash\n# \xff\xfe\npython3 -m verl.trainer.main_ppo data.train_batch_size=8\n",
+    # $(( )) evaluates to more than 4300 digits: Python refuses to print such an int
+    "arith_4300_digits": b"#!/bin/bash\nA=$((99999999999999999999*99999999999999999999))\n"
+                         b"python3 -m verl.trainer.main_ppo data.train_batch_size=$((" + b"*".join([b"A"] * 300)
+                         + b")) actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_bad_launch_script(tmp_path, name):
+    script = tmp_path / "run.sh"
+    script.write_bytes(SCRIPTS[name])
+    proc = _cli("run", "--from", str(script), "--gpus", "8", "--backend", "sim", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2, (name, proc.stdout, proc.stderr)
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("name", sorted(YAMLS))
@@ -104,6 +147,17 @@ ARGS = {
     "export_unknown_study": ["export", "--study", "nope"],
     "train_missing_config": ["train", "--config", "/nope/best.yaml"],
     "train_bad_override": ["train", "--config", "__EXISTING__/best.yaml", "not-an-override"],
+    "seed_over_2_32": ["run", "--model", "qwen2.5-1.5b", "--gpus", "8", "--seed", "99999999999"],
+    "seed_negative": ["run", "--model", "qwen2.5-1.5b", "--gpus", "8", "--seed", "-1"],
+    "url_port_not_a_number": ["run", "--model", "qwen2.5-1.5b", "--gpus", "8", "--storage",
+                              "postgresql+psycopg://u:secretpw@127.0.0.1:abc/db"],
+    "url_password_unknown_dialect": ["run", "--model", "qwen2.5-1.5b", "--gpus", "8", "--storage",
+                                     "oracle+nope://u:secretpw@h/db"],
+    "gpus_ten_billion": ["run", "--model", "qwen2.5-1.5b", "--gpus", "10000000000"],
+    "nodes_ten_billion": ["run", "--model", "qwen2.5-1.5b", "--gpus", "8", "--nodes", "10000000000"],
+    "config_dev_zero": ["run", "--model", "qwen2.5-1.5b", "--gpus", "8", "--config", "/dev/zero"],
+    "study_with_newline": ["run", "--model", "qwen2.5-1.5b", "--gpus", "8", "--study", "abc\n"],
+    "out_empty": ["run", "--model", "qwen2.5-1.5b", "--gpus", "8", "--out", ""],
     "resume_other_job": ["run", "--model", "qwen2.5-1.5b", "--gpus", "4", "--study", "qwen2.5-1.5b-1x8-sim"],
 }
 
@@ -111,7 +165,7 @@ ARGS = {
 @pytest.mark.parametrize("name", sorted(ARGS))
 def test_bad_invocation(existing, name):
     args = [a.replace("__EXISTING__", str(existing)) for a in ARGS[name]]
-    if args[0] in ("run", "show", "export"):
+    if args[0] in ("run", "show", "export") and "--out" not in args:
         args += ["--out", str(existing)]
     if args[0] == "run" and "--backend" not in args:
         args += ["--backend", "sim"]
@@ -119,6 +173,7 @@ def test_bad_invocation(existing, name):
     proc = _cli(*args)
     assert proc.returncode == 2, (name, proc.stdout, proc.stderr)
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "secretpw" not in proc.stderr + proc.stdout  # a storage URL's password is never printed
     assert _trials(existing) == before
 
 

@@ -10,6 +10,7 @@ they raise (KeyboardInterrupt included) reaches the caller after the group is de
 from __future__ import annotations
 
 import enum
+import json
 import os
 import selectors
 import signal
@@ -22,7 +23,11 @@ from typing import TextIO
 
 from autotune import interrupt
 
-__all__ = ["ProcessOutcome", "group_alive", "kill_process_group", "run_in_process_group"]
+__all__ = ["ProcessOutcome", "end_recorded_probe", "group_alive", "kill_process_group", "run_in_process_group"]
+
+# Every probe process carries this variable (children inherit it); the value, recorded in the pgid file
+# before the probe starts, is how a later run tells the probe's processes from whatever reuses its ids.
+TOKEN_ENV = "AUTOTUNE_PROBE_TOKEN"
 
 _POLL_S = 0.1  # how often the watchdog looks at the clocks while the child is quiet
 _GONE_POLL_S = 0.05
@@ -69,8 +74,10 @@ def run_in_process_group(
 ) -> ProcessOutcome:
     """Run `argv` in a new session, tee its output, and kill the whole group on any way out.
 
-    `pgid_file` receives the group id while the group lives, so that a tuner restarted after being
-    killed itself (SIGKILL runs no finally block) can end a probe group it left behind.
+    `pgid_file` records the probe's identity while it lives, so that a tuner restarted after being
+    killed itself (SIGKILL runs no finally block) can end a probe group it left behind: a random token,
+    written before the process exists and put in its environment, then the group id. A kill -9 between
+    fork and the second write still leaves the token (end_recorded_probe finds the processes by it).
 
     `on_output(line)` returns True when the line shows progress (a new step); without it every
     line counts. The group is killed after `idle_timeout_s` without progress (hung), after
@@ -81,6 +88,10 @@ def run_in_process_group(
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started_s = time.monotonic()
+    if pgid_file is not None:
+        token = os.urandom(16).hex()
+        env = {**env, TOKEN_ENV: token}
+        _write_record(Path(pgid_file), {"token": token})
     with log_path.open("w", encoding="utf-8", errors="replace", buffering=1) as log:
         proc = subprocess.Popen(
             argv,
@@ -91,9 +102,9 @@ def run_in_process_group(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        if pgid_file is not None:
-            Path(pgid_file).write_text(str(proc.pid))
         try:
+            if pgid_file is not None:
+                _write_record(Path(pgid_file), {"token": token, "pgid": proc.pid})
             tee = _Tee(log, on_output)
             stop = _watch(proc, tee, started_s, deadline_s, idle_timeout_s, should_stop)
             _bury(proc, kill_grace_s)
@@ -112,6 +123,56 @@ def run_in_process_group(
         wall_s=time.monotonic() - started_s,
         log_path=log_path,
     )
+
+
+def _write_record(path: Path, record: dict) -> None:
+    """Atomically (write, then rename): a reader sees the old record or the new one, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(path)
+
+
+def end_recorded_probe(pgid_file: Path, grace_s: float = 10.0) -> bool:
+    """End the probe recorded in `pgid_file` if any of its processes still runs; True if one did.
+
+    Only processes whose environment holds the recorded token are signalled (their groups killed):
+    a group id alone is not trusted, since the number may belong to another job by now (PID reuse).
+    A file without a token (written by an older autotune) is not acted on.
+    """
+    try:
+        record = json.loads(Path(pgid_file).read_text())
+    except (OSError, ValueError):
+        return False
+    token = record.get("token") if isinstance(record, dict) else None
+    if not isinstance(token, str) or not token:
+        Path(pgid_file).unlink(missing_ok=True)
+        return False
+    groups = processes_with_token(token)
+    for pgid in groups:
+        kill_process_group(pgid, grace_s)
+    Path(pgid_file).unlink(missing_ok=True)
+    return bool(groups)
+
+
+def processes_with_token(token: str) -> set[int]:
+    """Process groups of the live processes whose environment has TOKEN_ENV=token (Linux /proc)."""
+    needle = f"{TOKEN_ENV}={token}".encode()
+    groups: set[int] = set()
+    try:
+        pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return groups
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                environ = fh.read().split(b"\0")
+            if needle in environ:
+                pgid = os.getpgid(int(pid))
+                if _live_in_group(pid, pgid):
+                    groups.add(pgid)
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return groups
 
 
 def kill_process_group(pgid: int, grace_s: float) -> bool:

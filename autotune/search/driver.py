@@ -7,10 +7,9 @@ Pruned probes are PRUNED; a probe that cannot run on this machine at all stops t
 
 from __future__ import annotations
 
-import os
-import socket
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -19,6 +18,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune import interrupt
+from autotune.search import lease
 from autotune.config import TuneConfig
 from autotune.errors import (ConfigError, ProbeEnvironmentError, ProbeError, ProbeOOM, ProbeRejected,
                              RunFolderError)
@@ -35,7 +35,7 @@ from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import SearchSpace, verl_default_candidate
 from autotune.storage.records import set_constraints
 from autotune.storage.settings import ATTR as SETTINGS_ATTR, search_settings
-from autotune.storage.urls import open_storage
+from autotune.storage.urls import hold_single_writer, open_storage
 from autotune.workload import Workload
 
 TrialCallback = Callable[[optuna.trial.FrozenTrial], None]
@@ -57,6 +57,11 @@ def study_identity(cfg: TuneConfig) -> dict:
             "passthrough": cfg.passthrough, "source": cfg.source}
 
 
+# the storage each opened study was created on: the lease reads and fails other tuners' trials through its
+# public BaseStorage API (a Study exposes its storage only privately)
+_STORAGES: "weakref.WeakKeyDictionary[optuna.Study, optuna.storages.BaseStorage]" = weakref.WeakKeyDictionary()
+
+
 def open_study(cfg: TuneConfig) -> optuna.Study:
     storage = open_storage(cfg.storage_url)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -64,6 +69,7 @@ def open_study(cfg: TuneConfig) -> optuna.Study:
     study = optuna.create_study(study_name=cfg.study_name, storage=storage, directions=directions,
                                 sampler=make_sampler(cfg.seed), pruner=make_pruner(cfg.probe.warmup_steps),
                                 load_if_exists=True)
+    _STORAGES[study] = storage
     identity = study_identity(cfg)
     stored = study.user_attrs.get("identity")
     if stored is None:
@@ -138,58 +144,17 @@ def widen_to_baseline(space: SearchSpace, cfg: TuneConfig) -> list[str]:
 
 
 def fail_dead_local_trials(study: optuna.Study) -> int:
-    """RUNNING trials left by a tuner process on this host that no longer exists: end the probe group it
-    left behind, mark the trial FAIL with the reason, and retry it once (enqueue the same parameters)."""
-    host = socket.gethostname()
-    failed = 0
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if t.user_attrs.get("host") != host or _pid_alive(t.user_attrs.get("pid")):
-            continue
-        killed = _kill_orphan_probe(t.user_attrs.get("run_dir"))
-        reason = "interrupted: the tuner process died mid-probe" + ("; its probe was still running and was ended"
-                                                                     if killed else "")
-        study._storage.set_trial_user_attr(t._trial_id, "state", "failed")
-        study._storage.set_trial_user_attr(t._trial_id, "reason", reason)
-        study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-        if "retry_of" not in t.user_attrs and t.params:
-            attrs = {k: v for k, v in t.user_attrs.items() if k in ("baseline", "warm_start", "verl_default", "label")}
-            study.enqueue_trial(t.params, user_attrs={**attrs, "retry_of": t.number})
-        failed += 1
-    return failed
-
-
-def _kill_orphan_probe(run_dir: str | None) -> bool:
-    if not run_dir:
-        return False
-    pgid_file = Path(run_dir) / "probe.pgid"
-    try:
-        pgid = int(pgid_file.read_text().strip())
-    except (OSError, ValueError):
-        return False
-    from autotune.objectives.process import group_alive, kill_process_group
-
-    alive = group_alive(pgid)
-    if alive:
-        kill_process_group(pgid, grace_s=10.0)
-    pgid_file.unlink(missing_ok=True)
-    return alive
-
-
-def _pid_alive(pid) -> bool:
-    if not isinstance(pid, int):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    """RUNNING trials whose tuner is gone (its pid on this host, or its heartbeat anywhere): end the probe it
+    left behind, mark the trial FAIL with the reason, and retry it (search/lease.py)."""
+    return len(lease.reap(study, _STORAGES[study]))
 
 
 def enqueue_baseline(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> bool:
-    """verl's default configuration as the first trial, so every report shows the gain over it."""
-    if any(t.user_attrs.get("baseline") for t in study.get_trials(deepcopy=False)):
+    """verl's default configuration as the first trial, so every report shows the gain over it; queued again
+    while no baseline trial has an outcome (one interrupted by Ctrl-C or a dead tuner has none)."""
+    tried = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("baseline")]
+    if any(t.state in (TrialState.WAITING, TrialState.RUNNING) or not t.user_attrs.get("interrupted")
+           for t in tried):
         return False
     base = cfg.baseline or verl_default_candidate(cfg.model, cfg.workload, gpus_per_node=cfg.gpus_per_node,
                                                   nodes=cfg.nodes)
@@ -199,8 +164,9 @@ def enqueue_baseline(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -
         # verl's default outside a user's narrowed ranges; the user's own job never is (widen_to_baseline)
         return False
     label = "your job" if cfg.baseline is not None else "verl default"
-    study.enqueue_trial(params, user_attrs={"baseline": True, "label": label})
-    if cfg.baseline is not None:  # verl's default too, when it differs from the user's job and fits the space
+    retry = {"retry_of": tried[-1].number} if tried else {}
+    study.enqueue_trial(params, user_attrs={"baseline": True, "label": label, **retry})
+    if cfg.baseline is not None and not tried:  # verl's default too, when it differs from the user's job
         default = replace(verl_default_candidate(cfg.model, cfg.workload, gpus_per_node=cfg.gpus_per_node,
                                                  nodes=cfg.nodes), **{k: v for k, v in cfg.fixed.items()})
         default_params = space.params_of(default, cfg.workload)
@@ -250,15 +216,19 @@ def propose_from_model(study: optuna.Study, cfg: TuneConfig, space: SearchSpace)
                         starts=starts)
     for r in ranked:
         if tuple(sorted(r.candidate.as_params().items())) not in tried:
+            # skip_if_exists: another worker may have queued the same point a moment ago
             study.enqueue_trial(space.params_of(r.candidate, r.workload),
                                 user_attrs={"model_proposal": True,
-                                            "predicted_tokens_per_s_per_gpu": r.predicted_tokens_per_s_per_gpu})
+                                            "predicted_tokens_per_s_per_gpu": r.predicted_tokens_per_s_per_gpu},
+                                skip_if_exists=True)
             return True
     return False
 
 
 def finished_count(study: optuna.Study) -> int:
-    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)))
+    """Finished trials, not counting those that stepped aside for another tuner's identical one."""
+    return sum(t.user_attrs.get("state") != "skipped" for t in
+               study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)))
 
 
 @dataclass(frozen=True)
@@ -290,6 +260,7 @@ def budget_left(cfg: TuneConfig, study: optuna.Study, started_s: float) -> str |
 def start_study(cfg: TuneConfig) -> tuple[SearchSpace, optuna.Study]:
     """Open (or resume) the study: fail trials of a dead tuner, then queue the baseline and the warm start."""
     space = build_space(cfg)
+    hold_single_writer(cfg.storage_url)
     study = open_study(cfg)
     fail_dead_local_trials(study)
     enqueue_baseline(study, cfg, space)
@@ -313,21 +284,44 @@ def run_study(cfg: TuneConfig, runner: ProbeRunner, *, on_trial: TrialCallback |
         if stop:
             study.set_user_attr("stopped_by", stop)
             break
-        interrupt.check()
+        if fail_dead_local_trials(study):
+            enqueue_baseline(study, cfg, space)
         if not cfg.tune_workload:
             propose_from_model(study, cfg, space)
-        interrupt.check()
-        trial = study.ask()
+        trial, beat = None, None
         try:
+            with interrupt.critical():  # a signal here would leave a RUNNING trial nobody claims
+                trial = study.ask()
+                lease.take(trial)
+                beat = lease.Heartbeat(trial).start()
             _run_trial(ctx, study, trial)
         except KeyboardInterrupt:
-            trial.set_user_attr("state", "failed")
-            trial.set_user_attr("reason", "interrupted by the user")
-            study.tell(trial, state=TrialState.FAIL)
+            if trial is not None:
+                with interrupt.critical():
+                    _fail_interrupted(study, trial)
             raise
+        except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
+            # another tuner failed this trial while its storage was unreachable (no heartbeat for GRACE_S) and
+            # queued a retry; our result cannot be stored on it (Optuna's tell says so with a ValueError)
+            if trial is None or not study.trials[trial.number].user_attrs.get("interrupted"):
+                raise
+            continue
+        finally:
+            if beat is not None:
+                beat.stop()
         if on_trial:
             on_trial(study.trials[trial.number])
     return study
+
+
+def _fail_interrupted(study: optuna.Study, trial: optuna.Trial) -> None:
+    try:
+        trial.set_user_attr("state", "failed")
+        trial.set_user_attr("reason", "interrupted by the user")
+        trial.set_user_attr("interrupted", True)
+        study.tell(trial, state=TrialState.FAIL)
+    except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
+        pass  # it was recorded before the signal came (tell raises ValueError for a finished trial)
 
 
 def _find_duplicate(study: optuna.Study, trial: optuna.Trial) -> optuna.trial.FrozenTrial | None:
@@ -362,9 +356,15 @@ def prepare_trial(ctx: StudyContext, study: optuna.Study,
             raise ConfigError(f"study {cfg.study_name!r} was started with other choices for a knob than this run "
                               "offers (another backend or other ranges); resume it with the same ones, or use "
                               "another --study") from None
-    # pid before host: a worker starting now fails RUNNING trials of this host whose pid is dead (or missing)
-    trial.set_user_attr("pid", os.getpid())
-    trial.set_user_attr("host", socket.gethostname())
+    if "pid" not in trial.user_attrs:  # the run loop took it already; the Ray executor has not
+        lease.take(trial)
+    holder = lease.claim(study, trial)
+    if holder is not None:
+        trial.set_user_attr("state", "skipped")
+        trial.set_user_attr("reason", f"trial {holder.number} is probing the same configuration")
+        trial.set_user_attr("claimed_by", holder.number)
+        study.tell(trial, state=TrialState.FAIL)
+        return None
     trial.set_user_attr("backend", cfg.backend)
     trial.set_user_attr("candidate", candidate.as_params())
     if cfg.tune_workload:  # opted-in workload knobs: recorded even when equal to the user's value
@@ -580,7 +580,8 @@ def _copy_outcome(study: optuna.Study, trial: optuna.Trial, source: optuna.trial
     constraints = source.constraints or {}
     set_constraints(trial, rules=constraints.get("rules", 0.0), memory=constraints.get("memory", 0.0))
     for key, value in source.user_attrs.items():
-        if key not in ("host", "pid", "baseline", "verl_default", "label", "feasible", "warm_start", "launched", "probe_wall_s"):
+        if key not in ("host", "pid", "baseline", "verl_default", "label", "feasible", "warm_start", "launched",
+                       "probe_wall_s", "heartbeat", "retry_of", "model_proposal", "config_key", "interrupted"):
             trial.set_user_attr(key, value)
     trial.set_user_attr("duplicate_of", source.number)
     trial.set_user_attr("launched", False)

@@ -20,7 +20,7 @@ import optuna
 from autotune.config import TuneConfig
 from autotune.errors import BackendUnavailable, ProbeCrashed, ProbeEnvironmentError, ProbeOOM, ProbeRejected, ProbeTimeout
 from autotune.objectives.base import ProbePruned, ProbeRequest, ProbeRunner, get_runner
-from autotune.search import driver
+from autotune.search import driver, lease
 
 _ERRORS = {"ProbeRejected": ProbeRejected, "ProbeCrashed": ProbeCrashed, "ProbeTimeout": ProbeTimeout,
            "ProbeEnvironmentError": ProbeEnvironmentError}
@@ -86,6 +86,7 @@ def run_study_ray(cfg: TuneConfig, *, address: str | None = None, max_in_flight:
     capacity = int(cluster_gpus // cfg.world_size) if gpus else int(ray.cluster_resources().get("CPU", 1) // cfg.nodes)
     slots = max(min(max_in_flight or capacity, capacity), 1)
     pending: dict = {}
+    beats: dict[int, lease.Heartbeat] = {}
     started_s = time.monotonic()
     try:
         while True:
@@ -105,6 +106,7 @@ def run_study_ray(cfg: TuneConfig, *, address: str | None = None, max_in_flight:
                                                                           placement_group_bundle_index=0)
                                          ).remote(cfg.backend, request)
                     pending[ref] = (trial, request, ratio, pg)
+                    beats[trial.number] = lease.Heartbeat(trial).start()  # other tuners see it is alive
                 room = driver.finished_count(study) + len(pending) < cfg.trials and \
                     driver.budget_left(cfg, study, started_s) is None
             if not pending:
@@ -113,12 +115,15 @@ def run_study_ray(cfg: TuneConfig, *, address: str | None = None, max_in_flight:
                 break
             done, _ = ray.wait(list(pending), num_returns=1)
             trial, request, ratio, pg = pending.pop(done[0])
+            beats.pop(trial.number).stop()
             doc = ray.get(done[0])
             remove_placement_group(pg)
             driver._keep_probe_log(study, trial, Path(request.run_dir))
             driver.record_outcome(study, trial, ratio, result=doc.get("result"), error=outcome_error(doc))
             _announce(study, trial, on_trial)
     except BaseException:
+        for beat in beats.values():
+            beat.stop()
         for trial, _, _, pg in pending.values():  # interrupted: nothing left RUNNING, no GPU held
             trial.set_user_attr("state", "failed")
             trial.set_user_attr("reason", "interrupted by the user")

@@ -10,6 +10,8 @@ multivariate TPE models as sub-spaces.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 
@@ -206,6 +208,8 @@ def _narrow(name: str, domain: Domain, spec, *, structural: bool = False) -> Dom
     if isinstance(spec, list):
         if not spec:
             raise ConfigError(f"tune.yaml ranges.{name}: the list of choices is empty")
+        if any(isinstance(v, float) and not math.isfinite(v) for v in spec):
+            raise ConfigError(f"tune.yaml ranges.{name}: choices must be finite numbers, but got {spec!r}")
         for value in spec:
             if name in _KNOB_TYPES:
                 _check_type(name, value)
@@ -222,7 +226,8 @@ def _narrow(name: str, domain: Domain, spec, *, structural: bool = False) -> Dom
         return Domain(choices=tuple(spec))
     if isinstance(spec, dict) and set(spec) <= {"low", "high", "step"} and {"low", "high"} <= set(spec):
         low, high = spec["low"], spec["high"]
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)) or low > high:
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (low, high)) \
+                or low > high:
             raise ConfigError(f"tune.yaml ranges.{name}: need numbers with low <= high, but got {spec!r}")
         if domain.choices:
             kept = tuple(c for c in domain.choices if isinstance(c, (int, float)) and low <= c <= high)
@@ -232,7 +237,7 @@ def _narrow(name: str, domain: Domain, spec, *, structural: bool = False) -> Dom
         if low < domain.low - 1e-9 or high > domain.high + 1e-9:
             raise ConfigError(f"tune.yaml ranges.{name}: [{low}, {high}] is outside the valid {domain.describe()}")
         step = spec.get("step", domain.step)
-        if not isinstance(step, (int, float)) or isinstance(step, bool) or step <= 0:
+        if not isinstance(step, (int, float)) or isinstance(step, bool) or not 0 < step < math.inf:
             raise ConfigError(f"tune.yaml ranges.{name}: step must be a positive number, but got step={step!r}")
         return Domain(low=float(low), high=float(high), step=float(step))
     raise ConfigError(f"tune.yaml ranges.{name}: expected a list of values or {{low: .., high: ..}}, but got {spec!r}")

@@ -89,10 +89,11 @@ def best_records(study: optuna.Study, k: int = 5) -> list[TrialRecord]:
 
 
 def baseline_record(study: optuna.Study) -> TrialRecord | None:
-    for r in records(study):
-        if r.baseline and r.optuna_state != "RUNNING":
-            return r
-    return None
+    """The baseline's measured trial when one exists (a retry after an interrupted one), else its first
+    finished one."""
+    finished = [r for r in records(study) if r.baseline and r.optuna_state not in ("RUNNING", "WAITING")]
+    measured = [r for r in finished if r.feasible_measurement]
+    return (measured or finished or [None])[0]
 
 
 def baseline_label(study: optuna.Study) -> str:

@@ -93,7 +93,11 @@ def _trial_doc(study: optuna.Study, rec: TrialRecord) -> dict:
 def write_result_json(path: Path, doc: dict) -> Path:
     path = Path(path)
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+    try:
+        tmp.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no empty result.json.tmp behind
+        raise
     tmp.replace(path)
     return path
 

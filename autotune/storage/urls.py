@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+import re
+import socket
 import time
 from pathlib import Path
 
@@ -26,20 +30,23 @@ def check_storage_url(url: str) -> str:
         return check_journal_url(url)
     try:
         parsed = make_url(url)
+        parsed.port  # SQLAlchemy converts it lazily: a port that is not a number raises ValueError here
+    except ValueError as exc:
+        raise ConfigError(f"--storage {redact(url)!r}: the port must be a number") from None
     except ArgumentError:
-        raise ConfigError(f"--storage {url!r} is not a database URL (expected e.g. sqlite:///path/autotune.db or "
-                          "postgresql://user@host/db)") from None
+        raise ConfigError(f"--storage {redact(url)!r} is not a database URL (expected e.g. sqlite:///path/autotune.db "
+                          "or postgresql://user@host/db)") from None
     try:
         parsed.get_dialect().import_dbapi()
     except NoSuchModuleError:
-        raise ConfigError(f"--storage {url!r}: unknown database type {parsed.drivername!r}") from None
+        raise ConfigError(f"--storage {redact(url)!r}: unknown database type {parsed.drivername!r}") from None
     except ImportError as exc:
         raise ConfigError(f"--storage {redact(url)}: database driver {exc.name or exc} is not installed "
                           "(PostgreSQL: pip install 'psycopg[binary]')") from None
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
         parent = Path(parsed.database).expanduser().parent
         if not parent.is_dir():
-            raise ConfigError(f"--storage {url!r}: folder {parent} does not exist")
+            raise ConfigError(f"--storage {redact(url)!r}: folder {parent} does not exist")
     return url
 
 
@@ -64,16 +71,34 @@ def _retrying(name: str):
                 if not isinstance(cause, _TRANSIENT):
                     raise  # a real error in the data, not a lost connection or a lock: never retried
                 exc = cause
+                full = _disk_full(exc)
+                if full:
+                    raise StorageUnavailable(f"the study database's disk is full ({full}); finished trials are "
+                                             "stored, free some space and run the same command") from None
                 if wait_s is None:
                     reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
                     raise StorageUnavailable(
                         f"the study database stopped answering ({reason}) for {sum(STORAGE_RETRY_WAITS_S):.0f} s; "
                         "finished trials are stored, run the same command to resume") from None
+                from autotune import interrupt
+
+                interrupt.check()  # the failed call changed nothing: a stop request need not wait out the back-off
                 time.sleep(wait_s)
 
     call.__name__ = name
     call.__doc__ = original.__doc__
     return call
+
+
+def _disk_full(exc: Exception) -> str | None:
+    """The reason, when a storage error means a full disk: retrying cannot help (SQLite's SQLITE_FULL,
+    PostgreSQL's SQLSTATE 53100 disk_full, https://www.postgresql.org/docs/current/errcodes-appendix.html)."""
+    orig = getattr(exc, "orig", None) or exc
+    text = str(orig).strip().splitlines()[0] if str(orig).strip() else ""
+    if getattr(orig, "sqlstate", None) == "53100" or getattr(orig, "pgcode", None) == "53100" \
+            or "database or disk is full" in text or "No space left on device" in text:
+        return text or "no space left on device"
+    return None
 
 
 class RetryingRDBStorage(optuna.storages.RDBStorage):
@@ -109,11 +134,39 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
 
 
 def redact(url: str) -> str:
-    """The URL without its password, for messages and result files."""
+    """The URL without its password, for messages and result files (also one SQLAlchemy cannot parse)."""
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return url
+    except (ArgumentError, ValueError):
+        return re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", url)
+
+
+_HELD: dict[Path, int] = {}  # lock files this process holds (flock is per open file: never open one twice)
+
+
+def hold_single_writer(url: str) -> None:
+    """SQLite takes one writer process (Optuna FAQ; two workers on one file ran the same trial and crashed):
+    hold an exclusive lock next to the database for this process's life, or stop with one line."""
+    if is_journal_url(url):
+        return
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return
+    lock_path = Path(parsed.database + ".lock").expanduser().resolve()
+    if lock_path in _HELD:
+        return
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise ConfigError(f"the study database {parsed.database} is in use by another autotune process ({holder}); "
+                          "SQLite takes one writer: for several workers use PostgreSQL (--storage "
+                          "postgresql+psycopg://...) or a journal file (--storage journal:///shared/study.log)") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+    _HELD[lock_path] = fd  # released by the kernel when the process ends, however it ends
 
 
 __all__ = ["default_storage_url", "check_storage_url", "open_storage", "redact", "sqlalchemy"]

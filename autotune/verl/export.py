@@ -166,7 +166,11 @@ def best_yaml_text(overrides: dict, engine: str, header: list[str]) -> str:
 def write_best_yaml(path: Path, overrides: dict, engine: str, header: list[str]) -> Path:
     path = Path(path)
     tmp = path.with_suffix(".yaml.tmp")
-    tmp.write_text(best_yaml_text(overrides, engine, header))
+    try:
+        tmp.write_text(best_yaml_text(overrides, engine, header))
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no empty best.yaml.tmp behind
+        raise
     tmp.replace(path)  # atomic: a reader never sees half a file
     return path
 

@@ -519,9 +519,10 @@ class _Shell:
 
         try:
             result = number(ast.parse(re.sub(r"\$\{?([A-Za-z_]\w*)\}?", r"\1", expr).strip(), mode="eval").body)
+            text = str(result)  # ValueError past Python's 4300-digit limit for int -> str
         except (SyntaxError, ValueError, ZeroDivisionError, RecursionError):
             return _unknown(source, source)
-        return _unknown(source, *missing) if missing else ((str(result), ()),)
+        return _unknown(source, *missing) if missing else ((text, ()),)
 
     # ---- commands
     def run(self, command: _Command) -> None:
@@ -739,7 +740,13 @@ def import_launch_script(path, environ: Mapping[str, str] | None = None) -> Impo
     path = Path(path)
     if not path.is_file():
         raise LaunchScriptError(f"launch script not found: {path}")
-    return import_launch_text(path.read_text(encoding="utf-8"), source=str(path), environ=environ)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise LaunchScriptError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise LaunchScriptError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return import_launch_text(text, source=str(path), environ=environ)
 
 
 def import_config_yaml(path) -> ImportedJob:
@@ -755,6 +762,10 @@ def import_config_yaml(path) -> ImportedJob:
         data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
     except yaml.YAMLError as exc:
         raise LaunchScriptError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    except UnicodeDecodeError as exc:
+        raise LaunchScriptError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except RecursionError:
+        raise LaunchScriptError(f"{path}: nested too deeply") from None
     if not isinstance(data, dict):
         raise LaunchScriptError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     overrides: dict[str, str] = {}

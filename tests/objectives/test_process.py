@@ -241,3 +241,76 @@ def test_empty_argv_is_rejected(tmp_path):
         run_in_process_group(
             [], env={}, cwd=tmp_path, log_path=tmp_path / "l", deadline_s=1, idle_timeout_s=1
         )
+
+
+# ---- probe identity (issue 20 items 4, 5) -------------------------------------------------------------------
+
+def _sleeper_group(env_extra: dict | None = None):
+    import subprocess
+
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True,
+                            env={**os.environ, **(env_extra or {})})
+
+
+def test_a_recorded_group_id_now_used_by_another_job_is_not_killed(tmp_path):
+    """PID reuse: the file names a live group, but none of its processes carries the probe's token."""
+    import json
+
+    from autotune.objectives.process import end_recorded_probe, group_alive
+
+    other = _sleeper_group()  # an unrelated job that got the number
+    try:
+        record = tmp_path / "probe.pgid"
+        record.write_text(json.dumps({"token": "f" * 32, "pgid": other.pid}))
+        assert end_recorded_probe(record, grace_s=1.0) is False
+        assert group_alive(other.pid), "an unrelated job survived"
+        assert not record.exists()
+        record.write_text(str(other.pid))  # an old-style file: a bare number is never trusted
+        assert end_recorded_probe(record, grace_s=1.0) is False and group_alive(other.pid)
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_probe_whose_group_id_was_never_written_is_found_by_its_token(tmp_path):
+    """kill -9 between fork and the pgid write: the token, written before the fork, finds the probe."""
+    import json
+
+    from autotune.objectives.process import TOKEN_ENV, end_recorded_probe, group_alive
+
+    probe = _sleeper_group({TOKEN_ENV: "a" * 32})
+    try:
+        record = tmp_path / "probe.pgid"
+        record.write_text(json.dumps({"token": "a" * 32}))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not Path(f"/proc/{probe.pid}/environ").exists():
+            time.sleep(0.01)
+        time.sleep(0.2)  # exec done: /proc shows the child's own environment
+        assert end_recorded_probe(record, grace_s=1.0) is True
+        probe.wait(timeout=10)
+        assert not group_alive(probe.pid)
+    finally:
+        if probe.poll() is None:
+            probe.kill()
+            probe.wait()
+
+
+def test_the_token_is_recorded_before_the_probe_starts_and_the_probe_carries_it(tmp_path):
+    import json
+
+    from autotune.objectives.process import TOKEN_ENV
+
+    record = tmp_path / "probe.pgid"
+    seen = []
+    code = f"import os; print(os.environ['{TOKEN_ENV}'], flush=True)"
+
+    def on_output(line: str) -> bool:
+        seen.append((line, json.loads(record.read_text())))
+        return True
+
+    run_in_process_group([sys.executable, "-c", code], env=dict(os.environ), cwd=tmp_path,
+                         log_path=tmp_path / "log", deadline_s=30, idle_timeout_s=30, on_output=on_output,
+                         pgid_file=record)
+    (line, rec), = seen
+    assert rec["token"] == line and isinstance(rec["pgid"], int)
+    assert not record.exists(), "removed once the group is gone"

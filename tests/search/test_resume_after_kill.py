@@ -6,6 +6,7 @@ storage must end the orphaned probe group, mark the trial failed with the reason
 keep every finished trial.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -60,7 +61,7 @@ def test_kill_9_mid_probe_then_resume(tmp_path):
         time.sleep(0.2)
     assert pgid_files, "the probe never started"
     time.sleep(1.0)
-    pgid = int(pgid_files[0].read_text())
+    pgid = json.loads(pgid_files[0].read_text())["pgid"]
     os.kill(second.pid, signal.SIGKILL)
     second.wait(timeout=10)
     assert _group_alive(pgid), "SIGKILL runs no clean-up: the probe group is orphaned until the next run"
@@ -72,7 +73,7 @@ def test_kill_9_mid_probe_then_resume(tmp_path):
     states = [t.state for t in study.trials]
     assert study.trials[0].state == optuna.trial.TrialState.COMPLETE, "the finished trial survived"
     dead = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
-    assert len(dead) == 1 and "tuner process died mid-probe" in dead[0].user_attrs["reason"]
+    assert len(dead) == 1 and "tuner process died mid-trial" in dead[0].user_attrs["reason"]
     assert "was ended" in dead[0].user_attrs["reason"]
     retries = [t for t in study.trials if t.user_attrs.get("retry_of") == dead[0].number]
     assert len(retries) == 1 and retries[0].params == dead[0].params

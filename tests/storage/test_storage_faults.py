@@ -164,3 +164,43 @@ def test_postgresql_restart_in_the_middle_of_a_study(tmp_path):
     assert proc.returncode == 0, stderr[-2000:]
     study = optuna.load_study(study_name=study_name, storage=PG)
     assert len(study.trials) == 60 and all(t.state.name in ("COMPLETE", "PRUNED") for t in study.trials)
+
+
+def test_a_full_database_disk_is_reported_as_such_at_once(tmp_path, monkeypatch):
+    """SQLite's SQLITE_FULL is an OperationalError like a lock, but waiting cannot help (issue 20 item 10)."""
+    import sqlalchemy
+
+    monkeypatch.setattr(urls, "STORAGE_RETRY_WAITS_S", (5.0, 5.0))  # a retry would show in the time taken
+    storage = _storage(tmp_path / "a.db")
+    calls = []
+
+    def full(self):
+        calls.append(1)
+        raise sqlalchemy.exc.OperationalError("INSERT", {}, sqlite3.OperationalError("database or disk is full"))
+
+    monkeypatch.setattr(optuna.storages.RDBStorage, "get_all_studies", full)
+    started = time.monotonic()
+    with pytest.raises(StorageUnavailable, match="disk is full") as info:
+        urls._retrying("get_all_studies")(storage)
+    assert time.monotonic() - started < 1.0 and len(calls) == 1
+    assert "\n" not in str(info.value) and "stopped answering" not in str(info.value)
+
+
+@pytest.mark.parametrize("writer", ["best_yaml", "result_json"])
+def test_a_full_disk_leaves_no_empty_temporary_file(tmp_path, monkeypatch, writer):
+    from autotune.storage.export import write_best_yaml
+    from autotune.storage.results import write_result_json
+
+    real = Path.write_text
+
+    def full(self, text, *a, **kw):  # what ENOSPC does: the file is created, nothing fits in it
+        real(self, "")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(OSError, match="No space left"):
+        if writer == "best_yaml":
+            write_best_yaml(tmp_path / "best.yaml", {"trainer.n_gpus_per_node": 8}, "fsdp", ["test"])
+        else:
+            write_result_json(tmp_path / "result.json", {"best": None})
+    assert list(tmp_path.iterdir()) == []
