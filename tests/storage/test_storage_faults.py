@@ -188,7 +188,7 @@ def test_a_full_database_disk_is_reported_as_such_at_once(tmp_path, monkeypatch)
 
 @pytest.mark.parametrize("writer", ["best_yaml", "result_json"])
 def test_a_full_disk_leaves_no_empty_temporary_file(tmp_path, monkeypatch, writer):
-    from autotune.storage.export import write_best_yaml
+    from autotune.verl.export import write_best_yaml
     from autotune.storage.results import write_result_json
 
     real = Path.write_text
