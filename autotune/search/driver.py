@@ -417,7 +417,8 @@ def _probe(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial, request:
         if multi:  # Optuna prunes single-objective studies only
             return False
         trial.report(tokens_per_s_per_gpu, step)
-        return trial.should_prune()
+        # the corrected model's picks run to the end: their phase times are what it learns from
+        return trial.should_prune() and not trial.user_attrs.get("model_proposal")
 
     try:
         try:

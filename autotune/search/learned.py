@@ -19,6 +19,7 @@ driver checks them again.
 from __future__ import annotations
 
 import math
+import operator
 import random
 import statistics
 from collections.abc import Mapping
@@ -34,7 +35,7 @@ from autotune.objectives.cost import estimate_step_time
 from autotune.objectives.host_memory import estimate_host_memory
 from autotune.objectives.memory import estimate_memory
 from autotune.search.equivalence import canonical_params, config_key
-from autotune.search.prescreen import MemoryGate, inferred_oom, memory_ratio
+from autotune.search.prescreen import MemoryGate, dominates_oom, measured_outcomes, memory_ratio
 from autotune.search.warmstart import _neighbours, _shape, sample_point
 from autotune.spaces.candidate import Candidate
 from autotune.spaces.constraints import check
@@ -76,8 +77,8 @@ PHASE_LEVELS: dict[str, tuple] = {
 _DEFAULT_LEVELS = (((), _ALL), (LAYOUT, 0.15), (ROLLOUT, 0.15))
 NOISE_REL = 0.05  # run-to-run spread of a phase's median time (the sim plays 3% per step)
 EXPLORE_BETA = 2.0  # optimism of the explore picks, in posterior standard deviations of step time
-# every fifth proposal slot is left to TPE, so a truth the kernel cannot express still gets other probes
-CYCLE = ("exploit", "explore", "exploit", "explore", "sampler")
+# one proposal slot in seven is left to TPE, so a truth the kernel cannot express still gets other probes
+CYCLE = ("explore", "exploit", "explore", "exploit", "explore", "exploit", "sampler")
 CYCLE_ATTR = "learned_cycle"
 
 
@@ -89,11 +90,12 @@ class PhaseGP:
         self.n = len(y)
         self.var0 = sum(s * s for _, s in levels)
         self.index: list[dict] = []
+        self.getters = [_getter(knobs) for knobs, _ in levels]
         K = np.zeros((self.n, self.n))
-        for li, (knobs, scale) in enumerate(levels):
+        for (knobs, scale), get in zip(levels, self.getters):
             groups: dict = {}
             for i, params in enumerate(keys):
-                groups.setdefault(_group(params, knobs), []).append(i)
+                groups.setdefault(get(params), []).append(i)
             self.index.append({g: np.array(ix) for g, ix in groups.items()})
             for ix in groups.values():
                 K[np.ix_(ix, ix)] += scale * scale
@@ -104,8 +106,8 @@ class PhaseGP:
     def predict(self, params: Mapping) -> tuple[float, float]:
         """(posterior mean, posterior variance) of log(measured / predicted) for this candidate."""
         k = np.zeros(self.n)
-        for (knobs, scale), index in zip(self.levels, self.index):
-            ix = index.get(_group(params, knobs))
+        for (knobs, scale), index, get in zip(self.levels, self.index, self.getters):
+            ix = index.get(get(params))
             if ix is not None:
                 k[ix] += scale * scale
         mean = float(k @ self.alpha)
@@ -113,8 +115,14 @@ class PhaseGP:
         return mean, var
 
 
-def _group(params: Mapping, knobs: tuple) -> tuple:
-    return tuple(params.get(n) for n in knobs)
+def _getter(knobs: tuple):
+    """The group key of a candidate's canonical params (which hold every knob) for these knobs."""
+    if not knobs:
+        return lambda params: ()
+    if len(knobs) == 1:
+        get = operator.itemgetter(knobs[0])
+        return lambda params: (get(params),)
+    return operator.itemgetter(*knobs)
 
 
 @dataclass(frozen=True)
@@ -134,8 +142,7 @@ _BASE_CACHE_MAX = 300_000
 
 def base_prediction(cfg: TuneConfig, cand: Candidate, workload: Workload) -> Base:
     """Rules, memory ratio and per-phase times from the analytic model (cached: the model does not change)."""
-    key = (cfg.model.name, cfg.gpu.name, cfg.gpus_per_node, cfg.nodes, cfg.host_mem_gib, workload,
-           tuple(sorted(cand.as_params().items())))
+    key = (cfg.model.name, cfg.gpu.name, cfg.gpus_per_node, cfg.nodes, cfg.host_mem_gib, workload, cand)
     hit = _BASE_CACHE.get(key)
     if hit is not None:
         return hit
@@ -227,24 +234,30 @@ class Acquisition:
 
     def __init__(self, cfg: TuneConfig, model: CorrectedModel, gate: MemoryGate, beta: float,
                  study: optuna.Study | None = None) -> None:
-        self.cfg, self.model, self.gate, self.beta, self.study = cfg, model, gate, beta, study
+        self.cfg, self.model, self.gate, self.beta = cfg, model, gate, beta
+        self.ooms = measured_outcomes(study)[0] if study is not None else []
         self._memo: dict = {}
 
     def __call__(self, cand: Candidate, workload: Workload) -> Scored | None:
         params = canonical_params(cand.as_params(), workload.use_kl_loss)
-        key = (tuple(sorted(params.items())), workload)
+        canon = Candidate(**params)
+        key = (canon, workload)
         if key in self._memo:
             return self._memo[key]
-        base = base_prediction(self.cfg, cand, workload)
+        base = base_prediction(self.cfg, canon, workload)
         out = None
-        if base.feasible and self.gate.admits(base.memory_ratio) and not (
-                self.study is not None and inferred_oom(cand.as_params(), self.study)):
+        if base.feasible and self.gate.admits(base.memory_ratio) and not self._inferred_oom(params):
             step_s, sd_s = self.model.step(params, base)
             optimistic_s = max(step_s - self.beta * sd_s, 0.25 * step_s)
             per = base.tokens_per_step / base.world
             out = Scored(per / optimistic_s, per / step_s, cand, workload)
         self._memo[key] = out
         return out
+
+    def _inferred_oom(self, params: Mapping) -> bool:
+        """The OOM boundaries (search/prescreen.py): a point dominating a measured OOM is not proposed."""
+        return any(dominates_oom(params, t.user_attrs["candidate"], t.user_attrs.get("oom_kind", "cuda_oom"))
+                   for t in self.ooms)
 
 
 def _polish(space: SearchSpace, start: Scored, acq: Acquisition, rounds: int = 2) -> Scored:
@@ -261,21 +274,58 @@ def _polish(space: SearchSpace, start: Scored, acq: Acquisition, rounds: int = 2
     return best
 
 
-def rank_corrected(cfg: TuneConfig, space: SearchSpace, acq: Acquisition, *, starts: list[Candidate],
-                   samples: int = 500, keep_shapes: int = 6, seed: int | None = None) -> list[Scored]:
-    """Untried-or-not candidates by acquisition: random samples, the best of distinct layouts and the given
-    starts polished by coordinate descent."""
-    rng = random.Random(seed)
-    scored: list[Scored] = []
-    for _ in range(samples):
+# Candidates the model knows, per study and process: the best few of each layout from a wide sample, and every
+# polished pick since. Scoring them under the corrected model costs a GP lookup each (their base predictions
+# are cached), so each proposal sees every layout, not only those a small fresh sample happens to draw.
+_POOLS: dict = {}
+POOL_SAMPLES = 2000
+POOL_PER_SHAPE = 2
+
+
+def _pool_shape(cand: Candidate) -> tuple:
+    return tuple(getattr(cand, n) for n in LAYOUT) + (cand.rollout_tp, cand.use_dynamic_bsz)
+
+
+def candidate_pool(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> dict:
+    key = (id(study._storage), study._study_id)
+    pool = _POOLS.get(key)
+    if pool is not None:
+        return pool
+    rng = random.Random(cfg.seed)
+    best: dict = {}
+    for _ in range(POOL_SAMPLES):
         cand, workload = sample_point(space, cfg.workload, rng)
-        s = acq(cand, workload)
-        if s is not None:
-            scored.append(s)
+        canon = Candidate(**canonical_params(cand.as_params(), workload.use_kl_loss))
+        base = base_prediction(cfg, canon, workload)
+        if not base.feasible or base.memory_ratio == math.inf:
+            continue
+        step_s = sum(base.phase_s.values())
+        best.setdefault(_pool_shape(canon), []).append((step_s, canon, workload))
+    pool = {}
+    for entries in best.values():
+        entries.sort(key=lambda e: e[0])
+        for _, canon, workload in entries[:POOL_PER_SHAPE]:
+            pool[(canon, workload)] = None
+    if len(_POOLS) > 64:
+        _POOLS.clear()
+    _POOLS[key] = pool
+    return pool
+
+
+def rank_corrected(cfg: TuneConfig, space: SearchSpace, acq: Acquisition, *, starts: list[Candidate],
+                   pool: dict | None = None, samples: int = 100, keep_shapes: int = 4,
+                   seed: int | None = None) -> list[Scored]:
+    """Candidates by acquisition: the pool and fresh random samples scored, the best of distinct layouts and
+    the given starts polished by coordinate descent (the polished points join the pool)."""
+    rng = random.Random(seed)
+    points = list(pool or ())
+    for _ in range(samples):
+        points.append(sample_point(space, cfg.workload, rng))
+    scored = [s for s in (acq(c, w) for c, w in points) if s is not None]
     scored.sort(key=lambda s: s.score, reverse=True)
     seeds, seen = [], set()
     for s in scored:
-        shape = _shape(s.candidate.as_params())
+        shape = _pool_shape(s.candidate)
         if shape not in seen:
             seen.add(shape)
             seeds.append(s)
@@ -286,7 +336,10 @@ def rank_corrected(cfg: TuneConfig, space: SearchSpace, acq: Acquisition, *, sta
         if s is not None:
             seeds.append(s)
     polished = [_polish(space, s, acq) for s in seeds]
-    return sorted(polished + scored[:20], key=lambda s: s.score, reverse=True)
+    if pool is not None:
+        for s in polished:
+            pool[(Candidate(**canonical_params(s.candidate.as_params(), s.workload.use_kl_loss)), s.workload)] = None
+    return sorted(polished + scored[:10], key=lambda s: s.score, reverse=True)
 
 
 def propose(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> bool:
@@ -307,7 +360,7 @@ def propose(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> bool:
     model = CorrectedModel.from_study(study, cfg)
     acq = Acquisition(cfg, model, MemoryGate.of(study), EXPLORE_BETA if kind == "explore" else 0.0, study)
     starts = [Candidate.from_params(study.trials[r.number].user_attrs["candidate"]) for r in best_records(study, k=3)]
-    for s in rank_corrected(cfg, space, acq, starts=starts, seed=len(trials)):
+    for s in rank_corrected(cfg, space, acq, starts=starts, pool=candidate_pool(study, cfg, space), seed=len(trials)):
         key = config_key(s.candidate.as_params(), kl,
                          {k: getattr(s.workload, k) for k in cfg.tune_workload} if cfg.tune_workload else None)
         if key in tried:
