@@ -27,6 +27,7 @@ force in tests/search/test_optimum.py).
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import platform
@@ -262,7 +263,7 @@ def summarise(rows: list[dict], budget: int) -> list[dict]:
             summary[f"median_to_{frac:.2f}"] = statistics.median(x if x is not None else budget + 1 for x in reach)
             summary[f"reached_{frac:.2f}"] = reach
         summary["within15_0.95"] = sum(x is not None and x <= 15 for x in summary["reached_0.95"])
-        summary["within40_0.97"] = sum(x is not None and x <= 40 for x in summary["reached_0.97"])
+        summary["within40_0.97"] = sum(x is not None and x <= min(40, budget) for x in summary["reached_0.97"])
         for k in CHECKPOINTS:
             summary[f"best_after_{k}"] = statistics.median(
                 (r["best_true"][min(k, len(r["best_true"])) - 1] if r["best_true"] else 0.0) / r["optimum"] for r in runs)
@@ -283,7 +284,7 @@ def print_tables(summaries: list[dict], budget: int) -> None:
     for job in sorted({s["job"] for s in summaries}, key=lambda n: list(JOB_BY_NAME).index(n)):
         j = JOB_BY_NAME[job]
         print(f"\n## {job}  ({j.model}, {j.nodes} x {j.gpus_per_node} GPUs, response {j.workload.max_response_length})\n")
-        print("| truth | method | median probes to 95% | 95% within 15 | median probes to 97% | 97% within 40 "
+        print(f"| truth | method | median probes to 95% | 95% within 15 | median probes to 97% | 97% within {min(40, budget)} "
               "| best after 5 | best after 10 | best after 20 | launched probes OOM |")
         print("|---|---|---|---|---|---|---|---|---|---|")
         for s in (s for s in summaries if s["job"] == job):
@@ -325,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--machines", type=int, default=None, help="machine seeds per (job, truth); seed s plays s %% M")
     parser.add_argument("--budget", type=int, default=None, help="launched probes per search")
     parser.add_argument("--workers", type=int, default=1, help="processes")
+    parser.add_argument("--rows", type=Path, default=None, help="append every run's trace here (JSON lines)")
+    parser.add_argument("--from-rows", type=Path, nargs="*", default=None,
+                        help="print the tables from saved traces instead of running")
     args = parser.parse_args(argv)
     preset = CAMPAIGN if args.campaign else REDUCED if args.reduced else dict(CAMPAIGN, jobs=[JOBS[0].name],
                                                                                truths=["layout_sigma0.15"], seeds=3)
@@ -337,13 +341,26 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     work = units(jobs, truths, seeds, machines, budget, args.methods)
     rows: list[dict] = []
-    if args.workers > 1:
+
+    def keep(part: list[dict]) -> None:
+        rows.extend(part)
+        if args.rows:
+            with args.rows.open("a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in part)
+
+    if args.from_rows is not None:
+        for path in args.from_rows:
+            rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        budget = max(len(r["best_true"]) for r in rows)
+        seeds = max(r["seed"] for r in rows) + 1
+        machines = max(r["machine"] for r in rows) + 1
+    elif args.workers > 1:
         with multiprocessing.get_context("fork").Pool(args.workers) as pool:
             for part in pool.imap_unordered(run_unit, work):
-                rows += part
+                keep(part)
     else:
         for unit in work:
-            rows += run_unit(unit)
+            keep(run_unit(unit))
     summaries = summarise(rows, budget)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"# python benchmarks/search_efficiency.py {' '.join(sys.argv[1:] if argv is None else argv)}  ({stamp}, "

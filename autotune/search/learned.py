@@ -10,8 +10,8 @@ uncertainty. This is GP regression with a sum of categorical (Hamming-type) kern
 kernels use for categorical inputs, kept to numpy and a few dozen observations.
 
 The corrected model ranks untried candidates two ways: by its posterior median throughput (exploit) and by
-an optimistic bound, median step time minus `EXPLORE_BETA` standard deviations (explore: a layout or rollout
-setting no probe has touched may be much faster than the model believes). Constraint handling is unchanged:
+an optimistic bound, each phase `EXPLORE_BETA` posterior standard deviations faster than its median (explore: a
+layout or rollout setting no probe has touched may be much faster than the model believes). Constraint handling is unchanged:
 candidates go through verl's rules, the memory gate and the OOM boundaries before they are proposed, and the
 driver checks them again.
 """
@@ -46,6 +46,7 @@ from autotune.workload import Workload
 
 LAYOUT = ("actor_engine", "actor_tp", "actor_pp", "actor_vpp", "actor_cp", "actor_ep", "actor_etp", "ulysses_sp")
 ROLLOUT = ("rollout_tp", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill")
+SCHEDULER = ("rollout_tp", "max_num_seqs", "enable_chunked_prefill", "max_num_batched_tokens")
 TRAIN_FLAGS = ("gradient_checkpointing", "activation_offload", "param_offload", "optimizer_offload", "use_liger",
                "use_remove_padding", "use_torch_compile", "cuda_device_max_connections")
 UPDATE_MICRO = ("use_dynamic_bsz", "ppo_micro_batch_size_per_gpu", "ppo_max_token_len_per_gpu")
@@ -61,14 +62,17 @@ _ALL = 0.8
 
 
 def _train_levels(micro: tuple) -> tuple:
-    return (((), _ALL), (("actor_engine",), 0.15), (LAYOUT, 0.15), (micro, 0.1), (LAYOUT + micro, 0.1),
-            (LAYOUT + TRAIN_FLAGS, 0.08), (LAYOUT + TRAIN_FLAGS + micro, 0.05))
+    # the layout carries most of the prior: within a measured layout the model's own structure (micro-batch
+    # size, savers) is trusted more, so exploring spends probes on untried layouts, not on re-tries of one
+    return (((), _ALL), (("actor_engine",), 0.15), (LAYOUT, 0.15), (micro, 0.05), (LAYOUT + micro, 0.05),
+            (LAYOUT + TRAIN_FLAGS, 0.05), (LAYOUT + TRAIN_FLAGS + micro, 0.03))
 
 
 PHASE_LEVELS: dict[str, tuple] = {
+    # vLLM's scheduler setting (TP, batch, chunking, token budget) vs the memory share, which only sets KV room
     "gen": (((), _ALL), (("rollout_tp",), 0.2), (("rollout_tp", "enable_chunked_prefill"), 0.1),
-            (("rollout_tp", "max_num_seqs"), 0.15), (("rollout_tp", "gpu_memory_utilization"), 0.1),
-            (ROLLOUT, 0.1)),
+            (("rollout_tp", "max_num_seqs"), 0.1), (SCHEDULER, 0.1),
+            (("rollout_tp", "gpu_memory_utilization"), 0.05), (ROLLOUT, 0.03)),
     "update_actor": _train_levels(UPDATE_MICRO),
     "old_log_prob": _train_levels(OLD_MICRO),
     "ref": _train_levels(REF_MICRO),
@@ -76,9 +80,10 @@ PHASE_LEVELS: dict[str, tuple] = {
 }
 _DEFAULT_LEVELS = (((), _ALL), (LAYOUT, 0.15), (ROLLOUT, 0.15))
 NOISE_REL = 0.05  # run-to-run spread of a phase's median time (the sim plays 3% per step)
-EXPLORE_BETA = 2.0  # optimism of the explore picks, in posterior standard deviations of step time
-# one proposal slot in seven is left to TPE, so a truth the kernel cannot express still gets other probes
-CYCLE = ("explore", "exploit", "explore", "exploit", "explore", "exploit", "sampler")
+EXPLORE_BETA = 2.0  # optimism of the explore picks, in posterior standard deviations of each phase
+# explore-heavy: each probe of an untried layout with an untried rollout setting learns both; one slot in
+# eight is left to TPE, so a truth the kernel cannot express still gets other probes
+CYCLE = ("explore", "explore", "exploit", "explore", "explore", "exploit", "explore", "sampler")
 CYCLE_ATTR = "learned_cycle"
 
 
@@ -198,19 +203,18 @@ class CorrectedModel:
             obs.append((canonical_params(cand.as_params(), cfg.workload.use_kl_loss), base.phase_s, measured, other))
         return cls(cfg, obs)
 
-    def step(self, params: Mapping, base: Base) -> tuple[float, float]:
-        """(median step seconds, standard deviation of step seconds) under the corrected model."""
-        total, var = self.other_s, 0.0
+    def step(self, params: Mapping, base: Base, beta: float = 0.0) -> tuple[float, float]:
+        """(median step seconds, optimistic step seconds) under the corrected model: each phase at its
+        posterior median, and at `beta` posterior standard deviations faster. The phases are learned
+        separately and add up, so a probe of an untried layout with an untried rollout setting is optimistic
+        about both."""
+        median, optimistic = self.other_s, self.other_s
         for phase, seconds in base.phase_s.items():
             gp = self.gps.get(phase)
-            if gp is None:
-                mean, v = 0.0, _ALL ** 2 if self.n == 0 else 0.0
-            else:
-                mean, v = gp.predict(params)
-            s = seconds * math.exp(mean)
-            total += s
-            var += s * s * v
-        return total, math.sqrt(var)
+            mean, var = gp.predict(params) if gp is not None else (0.0, _ALL ** 2)
+            median += seconds * math.exp(mean)
+            optimistic += seconds * math.exp(mean - beta * math.sqrt(var))
+        return median, optimistic
 
 
 def _workload(cfg: TuneConfig, attrs: Mapping) -> Workload:
@@ -247,8 +251,7 @@ class Acquisition:
         base = base_prediction(self.cfg, canon, workload)
         out = None
         if base.feasible and self.gate.admits(base.memory_ratio) and not self._inferred_oom(params):
-            step_s, sd_s = self.model.step(params, base)
-            optimistic_s = max(step_s - self.beta * sd_s, 0.25 * step_s)
+            step_s, optimistic_s = self.model.step(params, base, self.beta)
             per = base.tokens_per_step / base.world
             out = Scored(per / optimistic_s, per / step_s, cand, workload)
         self._memo[key] = out

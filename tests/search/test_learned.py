@@ -66,8 +66,9 @@ def test_corrected_model_learns_a_slower_generation_from_its_phase_times(tmp_pat
     gen_mean, _ = model.gps["gen"].predict(canonical_params(cand.as_params(), True))
     upd_mean, _ = model.gps["update_actor"].predict(canonical_params(cand.as_params(), True))
     assert gen_mean > math.log(1.1) and abs(upd_mean) < 0.02
-    step_s, sd_s = model.step(canonical_params(cand.as_params(), True), base)
-    assert step_s > sum(base.phase_s.values()) and sd_s > 0
+    step_s, optimistic_s = model.step(canonical_params(cand.as_params(), True), base, beta=2.0)
+    assert step_s > sum(base.phase_s.values()) and optimistic_s < step_s
+    assert model.step(canonical_params(cand.as_params(), True), base)[1] == pytest.approx(step_s)
 
 
 def test_proposals_exploit_and_explore_leave_slots_to_tpe_and_never_repeat_a_configuration(tmp_path):
