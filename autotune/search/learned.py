@@ -316,7 +316,7 @@ def candidate_pool(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> 
 
 
 def rank_corrected(cfg: TuneConfig, space: SearchSpace, acq: Acquisition, *, starts: list[Candidate],
-                   pool: dict | None = None, samples: int = 100, keep_shapes: int = 4,
+                   pool: dict | None = None, samples: int = 100, keep_shapes: int = 5,
                    seed: int | None = None) -> list[Scored]:
     """Candidates by acquisition: the pool and fresh random samples scored, the best of distinct layouts and
     the given starts polished by coordinate descent (the polished points join the pool)."""
@@ -326,6 +326,11 @@ def rank_corrected(cfg: TuneConfig, space: SearchSpace, acq: Acquisition, *, sta
         points.append(sample_point(space, cfg.workload, rng))
     scored = [s for s in (acq(c, w) for c, w in points) if s is not None]
     scored.sort(key=lambda s: s.score, reverse=True)
+    # generation depends on the rollout knobs alone and adds to the training phases: give the best-scored
+    # layouts the best-scored rollout settings too, so a good layout is not judged by a pool entry's rollout
+    settings = list(dict.fromkeys(tuple(getattr(s.candidate, n) for n in ROLLOUT) for s in scored[:30]))[:3]
+    mixed = [acq(s.candidate.with_(**dict(zip(ROLLOUT, r))), s.workload) for s in scored[:40] for r in settings]
+    scored = sorted(scored + [s for s in mixed if s is not None], key=lambda s: s.score, reverse=True)
     seeds, seen = [], set()
     for s in scored:
         shape = _pool_shape(s.candidate)
