@@ -19,8 +19,9 @@ of 3% per phase per step. autotune's gate, warm start and corrections start from
 true optimum of each machine comes from exact enumeration (autotune.search.optimum, checked against brute
 force in tests/search/test_optimum.py).
 
-    python benchmarks/search_efficiency.py --campaign     # the committed table: 2 jobs x 10 truths x 10 seeds
-    python benchmarks/search_efficiency.py --reduced      # a few minutes: 7B x8, 3 truths, 3 seeds, 20 probes
+    python benchmarks/search_efficiency.py --campaign     # 2 jobs x 10 truths x 10 seeds x 40 probes (hours of CPU)
+    python benchmarks/search_efficiency.py --campaign --truths layout_sigma0.15 --workers 2   # the committed table 1
+    python benchmarks/search_efficiency.py --reduced      # 7B x8, 2 truths, 2 seeds, 15 probes, every method
     python benchmarks/search_efficiency.py --seeds 2 --budget 20 --jobs qwen2.5-7b-x8 --truths layout_sigma0.15
 """
 
@@ -311,14 +312,13 @@ def print_targets(summaries: list[dict], budget: int) -> None:
 
 CAMPAIGN = dict(jobs=["qwen2.5-7b-x8", "qwen2.5-32b-x32"], truths=[t.name for t in TRUTHS], seeds=10, machines=3,
                 budget=40)
-REDUCED = dict(jobs=["qwen2.5-7b-x8"], truths=["rescaled", "preemption", "layout_sigma0.15"], seeds=3, machines=3,
-               budget=20)
+REDUCED = dict(jobs=["qwen2.5-7b-x8"], truths=["rescaled", "layout_sigma0.15"], seeds=2, machines=2, budget=15)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--campaign", action="store_true", help="the committed table (about an hour of CPU)")
-    parser.add_argument("--reduced", action="store_true", help="a few minutes of CPU")
+    parser.add_argument("--campaign", action="store_true", help="2 jobs x 10 truths x 10 seeds x 40 probes (hours of CPU)")
+    parser.add_argument("--reduced", action="store_true", help="7B x8, 2 truths, 2 seeds, 15 probes, every method")
     parser.add_argument("--jobs", nargs="*", default=None, choices=list(JOB_BY_NAME))
     parser.add_argument("--truths", nargs="*", default=None, choices=list(TRUTH_BY_NAME))
     parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=METHODS)
