@@ -147,7 +147,8 @@ _BASE_CACHE_MAX = 300_000
 
 def base_prediction(cfg: TuneConfig, cand: Candidate, workload: Workload) -> Base:
     """Rules, memory ratio and per-phase times from the analytic model (cached: the model does not change)."""
-    key = (cfg.model.name, cfg.gpu.name, cfg.gpus_per_node, cfg.nodes, cfg.host_mem_gib, workload, cand)
+    # repr: a Workload may hold lists (the user's train files) and is then unhashable
+    key = (cfg.model.name, cfg.gpu.name, cfg.gpus_per_node, cfg.nodes, cfg.host_mem_gib, repr(workload), cand)
     hit = _BASE_CACHE.get(key)
     if hit is not None:
         return hit
@@ -245,7 +246,7 @@ class Acquisition:
     def __call__(self, cand: Candidate, workload: Workload) -> Scored | None:
         params = canonical_params(cand.as_params(), workload.use_kl_loss)
         canon = Candidate(**params)
-        key = (canon, workload)
+        key = (canon, repr(workload))
         if key in self._memo:
             return self._memo[key]
         base = base_prediction(self.cfg, canon, workload)
@@ -308,7 +309,7 @@ def candidate_pool(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> 
     for entries in best.values():
         entries.sort(key=lambda e: e[0])
         for _, canon, workload in entries[:POOL_PER_SHAPE]:
-            pool[(canon, workload)] = None
+            pool[(canon, repr(workload))] = (canon, workload)
     if len(_POOLS) > 64:
         _POOLS.clear()
     _POOLS[key] = pool
@@ -321,7 +322,7 @@ def rank_corrected(cfg: TuneConfig, space: SearchSpace, acq: Acquisition, *, sta
     """Candidates by acquisition: the pool and fresh random samples scored, the best of distinct layouts and
     the given starts polished by coordinate descent (the polished points join the pool)."""
     rng = random.Random(seed)
-    points = list(pool or ())
+    points = list((pool or {}).values())
     for _ in range(samples):
         points.append(sample_point(space, cfg.workload, rng))
     scored = [s for s in (acq(c, w) for c, w in points) if s is not None]
@@ -346,7 +347,8 @@ def rank_corrected(cfg: TuneConfig, space: SearchSpace, acq: Acquisition, *, sta
     polished = [_polish(space, s, acq) for s in seeds]
     if pool is not None:
         for s in polished:
-            pool[(Candidate(**canonical_params(s.candidate.as_params(), s.workload.use_kl_loss)), s.workload)] = None
+            canon = Candidate(**canonical_params(s.candidate.as_params(), s.workload.use_kl_loss))
+            pool[(canon, repr(s.workload))] = (canon, s.workload)
     return sorted(polished + scored[:10], key=lambda s: s.score, reverse=True)
 
 

@@ -88,3 +88,10 @@ def test_learning_off_leaves_every_slot_to_the_sampler(tmp_path):
     cfg = _cfg(tmp_path, trials=8, search=SearchOptions(warm_start=0, learn=False))
     study = run_study(cfg, get_runner("sim"))
     assert not any(t.user_attrs.get("model_proposal") for t in study.trials)
+
+
+def test_a_workload_holding_lists_is_predicted_and_cached(tmp_path):
+    """A job imported from a script may list several train files: the caches must not need it hashable."""
+    cfg = _cfg(tmp_path, workload=Workload(train_files=["a.parquet", "b.parquet"]))
+    first = base_prediction(cfg, Candidate(), cfg.workload)
+    assert first.feasible and base_prediction(cfg, Candidate(), cfg.workload) is first
