@@ -182,8 +182,11 @@ def run_autotune(machine: Machine, budget: int, search: SearchOptions) -> Trace:
                      out_dir=Path("/nonexistent"), seed=machine.seed, workload=job.workload, fixed=FIXED,
                      ranges=job.ranges, tune_workload=(), probe=ProbeBudget(), search=search,
                      budget=Budget(probes=budget))
-    driver.open_storage = _in_memory_storage
-    study = run_study(cfg, machine.runner)
+    original, driver.open_storage = driver.open_storage, _in_memory_storage
+    try:
+        study = run_study(cfg, machine.runner)
+    finally:  # the patch is the benchmark's; a caller in the same process (the tests) keeps its storage
+        driver.open_storage = original
     launches = []
     for t in study.trials:
         if not t.user_attrs.get("launched"):
