@@ -9,7 +9,7 @@ tune.yaml (every section optional):
     ranges: {ppo_micro_batch_size_per_gpu: [2, 4, 8], gpu_memory_utilization: {low: 0.4, high: 0.8}}
     tune_workload: [ppo_mini_batch_size]            # opt in to tuning a workload knob
     probe: {warmup_steps: 1, timed_steps: 2}
-    search: {objective: throughput, warm_start: 3, prescreen: true, boundaries: true, memory_margin_gib: 0}
+    search: {objective: throughput, warm_start: 3, prescreen: true, boundaries: true, learn: true, memory_margin_gib: 0}
     budget: {probes: 20, gpu_hours: 8, wall_time_s: 14400}   # whichever ends first
 """
 
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 TUNE_YAML_KEYS = {"model", "gpu", "workload", "fixed", "ranges", "tune_workload", "probe", "search", "budget"}
 PROBE_KEYS = {"warmup_steps", "timed_steps"}
-SEARCH_KEYS = {"objective", "memory_margin_gib", "warm_start", "prescreen", "boundaries"}
+SEARCH_KEYS = {"objective", "memory_margin_gib", "warm_start", "prescreen", "boundaries", "learn"}
 BUDGET_KEYS = {"probes", "gpu_hours", "wall_time_s"}
 OBJECTIVES = ("throughput", "throughput_and_memory")
 _STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # fullmatch: `$` would let a final newline in
@@ -63,6 +63,7 @@ class SearchOptions:
     warm_start: int = 3  # the cost model's top predictions enqueued after verl's default (0: none)
     prescreen: bool = True  # reject predicted OOMs before launch
     boundaries: bool = True  # infer OOMs from measured ones (monotone memory)
+    learn: bool = True  # propose from the model corrected by every probe's phases (search/learned.py)
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -72,7 +73,7 @@ class SearchOptions:
             raise ConfigError(f"search.memory_margin_gib must be a number >= 0, but got {self.memory_margin_gib!r}")
         if not isinstance(self.warm_start, int) or isinstance(self.warm_start, bool) or not 0 <= self.warm_start <= 20:
             raise ConfigError(f"search.warm_start must be an integer in 0..20, but got {self.warm_start!r}")
-        for name in ("prescreen", "boundaries"):
+        for name in ("prescreen", "boundaries", "learn"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"search.{name} must be true or false, but got {getattr(self, name)!r}")
 

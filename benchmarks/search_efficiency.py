@@ -1,60 +1,63 @@
-"""How many probes does a search spend to reach a near-best configuration? (issue 5)
+"""How many probes does a search spend to reach a near-best configuration, when the model is wrong? (issues 5, 19)
 
-On the sim backend, compares at the same probe budget, over several seeds and four workloads:
-  random   Optuna's RandomSampler; every proposal is launched (verl rejects rule-breakers at start-up)
-  tpe      Optuna's default TPESampler, OOMs and rejections taught as constraints, no pre-screen
-  grid     DeepSpeed-autotuning style: layouts in a fixed order, binary search on the micro-batch size
-  autotune the real driver (autotune.search.driver.run_study): verl's rules, memory gate, OOM
-           boundaries, warm start from the model, grouped multivariate TPE, median pruning
+On simulated machines whose exact optimum is known, compares at the same probe budget:
+  random      Optuna's RandomSampler; every proposal is launched (verl rejects rule-breakers at start-up)
+  tpe         Optuna's default TPESampler, OOMs and rejections told as 0; every proposal launched
+  tpe_rules   autotune's sampler (multivariate grouped TPE, constant liar) with verl's rules checked before
+              launch (a rejection costs no probe); no memory gate, no OOM boundaries, no model
+  grid        DeepSpeed-autotuning style: layouts in a fixed order, binary search on the micro-batch size
+  autotune_cold  the real driver without the warm start: rules, memory gate, OOM boundaries, and proposals
+              from the model corrected by every probe's phases (search/learned.py) from the first probe on
+  autotune    the real driver (autotune.search.driver.run_study) with the warm start
 
-Honest noise model: the "machine" each seed plays is the sim model with every constant perturbed
-(log-normal, 5-30% depending on how well it is known; see PERTURBATION) plus 3% run-to-run noise per
-step. autotune's pre-screen and warm start use the unperturbed model, so they face model error as on
-real hardware. The true optimum of each seed's machine comes from exhaustive enumeration
-(autotune.search.optimum, checked against brute force in tests/search/test_optimum.py).
+The machines (benchmarks/truths.py) are truths that differ from the model in structure: rescaled constants
+(the benchmark's only truth before issue 19), a vLLM preemption cliff, a 3x host floor, superlinear TP
+communication, fragmentation at large micro-batches, a Megatron engine 20% faster than the model believes,
+rollout TP scaling worse, and per-layout / per-rollout-setting factors (log-normal, sigma 0.10/0.15/0.25).
+Search seed s plays machine seed s % --machines (the machine's constants and factors), with run-to-run noise
+of 3% per phase per step. autotune's gate, warm start and corrections start from the unperturbed model. The
+true optimum of each machine comes from exact enumeration (autotune.search.optimum, checked against brute
+force in tests/search/test_optimum.py).
 
-    python benchmarks/search_efficiency.py                 # 10 seeds, 40 probes (about 20-30 min on 2 cores)
-    python benchmarks/search_efficiency.py --seeds 2 --budget 20 --workloads qwen2.5-7b-x8   # quick look
+    python benchmarks/search_efficiency.py --campaign     # 2 jobs x 10 truths x 10 seeds x 40 probes (hours of CPU)
+    python benchmarks/search_efficiency.py --campaign --truths layout_sigma0.15 --workers 2   # the committed table 1
+    python benchmarks/search_efficiency.py --reduced      # 7B x8, 2 truths, 2 seeds, 15 probes, every method (~2.5 min)
+    python benchmarks/search_efficiency.py --seeds 2 --budget 20 --jobs qwen2.5-7b-x8 --truths layout_sigma0.15
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import random
+import json
+import multiprocessing
+import os
+import platform
 import statistics
 import sys
-import tempfile
 import time
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 import optuna
 
+import autotune.search.driver as driver
 from autotune.config import Budget, ProbeBudget, SearchOptions, TuneConfig
-from autotune.hardware import get_gpu
-from autotune.models import get_model
-from autotune.objectives.base import ProbePruned, ProbeRequest
-from autotune.objectives.calibration import DEFAULT_CONSTANTS, ModelConstants
-from autotune.objectives.cost import estimate_step_time
-from autotune.objectives.memory import estimate_memory
-from autotune.objectives.sim import SimRunner
-from autotune.errors import ProbeOOM
 from autotune.search.driver import run_study
+from autotune.search.equivalence import config_key
 from autotune.search.optimum import exact_optimum
 from autotune.spaces.candidate import Candidate
-from autotune.verl.rules import check
-from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import SearchSpace, verl_default_candidate
+from autotune.models import get_model
 from autotune.workload import Workload
 
-NOISE_REL = 0.03
-TARGET = 0.97
-# relative std of the log-normal factor applied to each constant, by how well it is known
-PERTURBATION = {
-    "activations": 0.08, "throughput": 0.08, "rollout": 0.20, "system": 0.15,
-}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from truths import NOISE_REL, PERTURBATION, TRUTH_BY_NAME, TRUTHS, Machine  # noqa: E402
+
 FIXED = {"use_torch_compile": True, "use_remove_padding": True, "cuda_device_max_connections": 1}
+METHODS = ("random", "tpe", "tpe_rules", "grid", "autotune_cold", "autotune")
+FRACTIONS = (0.95, 0.97)
+CHECKPOINTS = (5, 10, 20)
 
 
 @dataclass(frozen=True)
@@ -76,64 +79,7 @@ JOBS = [
         Workload(train_batch_size=256, ppo_mini_batch_size=64, rollout_n=8, max_prompt_length=1024,
                  max_response_length=16384), {"actor_vpp": [1, 2]}),
 ]
-
-
-def perturbed(seed: int) -> ModelConstants:
-    rng = random.Random(seed * 7919 + 17)
-
-    def scale(obj, rel):
-        changes = {}
-        for f in fields(obj):
-            value = getattr(obj, f.name)
-            if isinstance(value, float) and value > 0:
-                factor = math.exp(rng.gauss(0.0, rel))
-                new = value * factor
-                if f.name in ("allocator_fragmentation",):
-                    new = max(1.0, 1.0 + (value - 1.0) * factor)
-                if f.name in ("comm_overlap", "collective_efficiency", "host_link_efficiency",
-                              "decode_hbm_efficiency", "prefill_mfu", "mfu_max_cap", "chunked_prefill_stall",
-                              "unchunked_prefill_stall", "fsdp2_memory_factor"):
-                    new = min(new, 0.98)
-                changes[f.name] = new
-        return replace(obj, **changes)
-
-    k = DEFAULT_CONSTANTS
-    return ModelConstants(activations=scale(k.activations, PERTURBATION["activations"]),
-                          throughput=scale(k.throughput, PERTURBATION["throughput"]),
-                          rollout=scale(k.rollout, PERTURBATION["rollout"]),
-                          system=scale(k.system, PERTURBATION["system"]))
-
-
-class Machine:
-    """One seed's simulated cluster: perturbed constants, noisy probes, and its noiseless truth."""
-
-    def __init__(self, job: Job, seed: int) -> None:
-        self.job, self.seed = job, seed
-        self.model, self.gpu = get_model(job.model), get_gpu("H200")
-        self.constants = perturbed(seed)
-        self.runner = SimRunner(constants=self.constants, noise_rel=NOISE_REL, seed=seed)
-
-    def truth(self, cand: Candidate, workload: Workload) -> float:
-        layout = ParallelLayout.of(cand, workload, gpus_per_node=self.job.gpus_per_node, nodes=self.job.nodes)
-        if check(self.model, workload, cand, layout):
-            return 0.0
-        mem = estimate_memory(self.model, self.gpu, workload, cand, layout, constants=self.constants)
-        if not mem.fits:
-            return 0.0
-        return estimate_step_time(self.model, self.gpu, workload, cand, layout,
-                                  constants=self.constants).tokens_per_s_per_gpu
-
-    def probe(self, cand: Candidate, workload: Workload) -> tuple[str, float]:
-        """('ok', measured) | ('oom', 0) | ('rejected', 0): what a launch of this candidate gives."""
-        layout = ParallelLayout.of(cand, workload, gpus_per_node=self.job.gpus_per_node, nodes=self.job.nodes)
-        if check(self.model, workload, cand, layout):
-            return "rejected", 0.0
-        request = ProbeRequest(model=self.model, gpu=self.gpu, n_gpus=self.job.gpus_per_node, nodes=self.job.nodes,
-                               workload=workload, candidate=cand, run_dir=Path("/nonexistent"))
-        try:
-            return "ok", self.runner.probe(request, lambda *_: False).tokens_per_s_per_gpu
-        except ProbeOOM:
-            return "oom", 0.0
+JOB_BY_NAME = {j.name: j for j in JOBS}
 
 
 @dataclass
@@ -171,16 +117,16 @@ def run_optuna_plain(machine: Machine, space: SearchSpace, budget: int, sampler)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     launches = []
     seen: dict = {}
+    kl = machine.job.workload.use_kl_loss
     while len(launches) < budget:
         trial = study.ask()
         cand, workload = space.suggest(trial, machine.job.workload)
-        key = tuple(sorted(cand.as_params().items()))
+        key = config_key(cand.as_params(), kl)
         if key in seen:  # a repeat costs a probe too: plain Optuna does not de-duplicate
             outcome, measured = seen[key][0], seen[key][1]
         else:
             outcome, measured = machine.probe(cand, workload)
         seen[key] = (outcome, measured)
-        trial.set_constraint("feasible", 0.0 if outcome == "ok" else 1.0)
         study.tell(trial, measured)
         launches.append((outcome, measured, machine.truth(cand, workload) if outcome == "ok" else 0.0))
     return _trace(launches)
@@ -224,14 +170,23 @@ def run_grid_binary(machine: Machine, space: SearchSpace, budget: int) -> Trace:
     return _trace(launches)
 
 
-def run_autotune(machine: Machine, budget: int, tmp: Path) -> Trace:
+def _in_memory_storage(url: str) -> optuna.storages.BaseStorage:
+    # the benchmark measures probes, not the database: SQLite commits were a third of its CPU time
+    return optuna.storages.InMemoryStorage()
+
+
+def run_autotune(machine: Machine, budget: int, search: SearchOptions) -> Trace:
     job = machine.job
     cfg = TuneConfig(model=machine.model, gpu=machine.gpu, gpus_per_node=job.gpus_per_node, nodes=job.nodes,
-                     backend="sim", trials=100_000, storage_url=f"sqlite:///{tmp / f'{job.name}-{machine.seed}.db'}",
-                     study_name="bench", out_dir=tmp, seed=machine.seed, workload=job.workload, fixed=FIXED,
-                     ranges=job.ranges, tune_workload=(), probe=ProbeBudget(), search=SearchOptions(),
+                     backend="sim", trials=100_000, storage_url="sqlite:///unused.db", study_name="bench",
+                     out_dir=Path("/nonexistent"), seed=machine.seed, workload=job.workload, fixed=FIXED,
+                     ranges=job.ranges, tune_workload=(), probe=ProbeBudget(), search=search,
                      budget=Budget(probes=budget))
-    study = run_study(cfg, machine.runner)
+    original, driver.open_storage = driver.open_storage, _in_memory_storage
+    try:
+        study = run_study(cfg, machine.runner)
+    finally:  # the patch is the benchmark's; a caller in the same process (the tests) keeps its storage
+        driver.open_storage = original
     launches = []
     for t in study.trials:
         if not t.user_attrs.get("launched"):
@@ -247,87 +202,180 @@ def run_autotune(machine: Machine, budget: int, tmp: Path) -> Trace:
     return _trace(launches)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=10)
-    parser.add_argument("--budget", type=int, default=40, help="launched probes per search")
-    parser.add_argument("--workloads", nargs="*", default=[j.name for j in JOBS])
-    parser.add_argument("--methods", nargs="*", default=["random", "tpe", "grid", "autotune"])
-    args = parser.parse_args()
+SEARCH = {"tpe_rules": SearchOptions(warm_start=0, prescreen=False, boundaries=False, learn=False),
+          "autotune_cold": SearchOptions(warm_start=0), "autotune": SearchOptions()}
+
+
+def run_method(method: str, machine: Machine, space: SearchSpace, budget: int, seed: int) -> Trace:
+    if method == "random":
+        return run_optuna_plain(machine, space, budget, optuna.samplers.RandomSampler(seed=seed))
+    if method == "tpe":
+        return run_optuna_plain(machine, space, budget, optuna.samplers.TPESampler(seed=seed))
+    if method == "grid":
+        return run_grid_binary(machine, space, budget)
+    return run_autotune(machine, budget, SEARCH[method])
+
+
+def run_unit(unit: tuple) -> list[dict]:
+    """One (job, truth, machine seed): its exact optimum, then every method on each search seed it hosts."""
+    job_name, truth_name, machine_seed, seeds, budget, methods = unit
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    jobs = [j for j in JOBS if j.name in args.workloads]
+    job = JOB_BY_NAME[job_name]
+    truth = TRUTH_BY_NAME[truth_name]
+    space = space_of(job)
     started = time.time()
-    summary_rows = []
-    with tempfile.TemporaryDirectory() as tmpdir:
-        tmp = Path(tmpdir)
-        for job in jobs:
-            space = space_of(job)
-            results: dict[str, list[tuple[Trace, float]]] = {m: [] for m in args.methods}
-            for seed in range(args.seeds):
-                machine = Machine(job, seed)
-                opt = exact_optimum(machine.model, machine.gpu, job.workload, space, gpus_per_node=job.gpus_per_node,
-                                    nodes=job.nodes, constants=machine.constants)
-                if opt is None:
-                    print(f"{job.name} seed {seed}: nothing fits; skipped", file=sys.stderr)
-                    continue
-                for method in args.methods:
-                    if method == "random":
-                        trace = run_optuna_plain(machine, space, args.budget, optuna.samplers.RandomSampler(seed=seed))
-                    elif method == "tpe":
-                        trace = run_optuna_plain(machine, space, args.budget, optuna.samplers.TPESampler(seed=seed))
-                    elif method == "grid":
-                        trace = run_grid_binary(machine, space, args.budget)
-                    else:
-                        trace = run_autotune(machine, args.budget, tmp)
-                    results[method].append((trace, opt.tokens_per_s_per_gpu))
-                print(f"  {job.name} seed {seed}: optimum {opt.tokens_per_s_per_gpu:.0f} tokens/s/GPU "
-                      f"({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
-            summary_rows += table(job, results, args.budget)
-    print_overall(summary_rows, args)
-    return 0
-
-
-def _median(values):
-    return statistics.median(values) if values else float("nan")
-
-
-def table(job: Job, results: dict, budget: int) -> list[dict]:
-    print(f"\n## {job.name}  ({job.model}, {job.nodes} x {job.gpus_per_node} GPUs, response "
-          f"{job.workload.max_response_length})\n")
-    print(f"| method | median probes to {TARGET:.0%} of optimum | runs reaching it | wasted probes (OOM + rejected) "
-          f"| launched probes OOM | best after 10 | best after 20 |")
-    print("|---|---|---|---|---|---|---|")
+    probe_machine = Machine(job, truth, machine_seed, run_seed=machine_seed)
+    opt = exact_optimum(probe_machine.model, probe_machine.gpu, job.workload, space, gpus_per_node=job.gpus_per_node,
+                        nodes=job.nodes, evaluator=probe_machine.ev)
+    if opt is None:
+        print(f"{job_name} {truth_name} machine {machine_seed}: nothing fits; skipped", file=sys.stderr)
+        return []
     rows = []
-    for method, runs in results.items():
-        if not runs:
-            continue
-        reach = [t.probes_to(TARGET, opt) for t, opt in runs]
-        reached = [r for r in reach if r is not None]
-        # runs that never got there count as budget + 1 in the median (a lower bound on their true cost)
-        med = _median([r if r is not None else budget + 1 for r in reach])
-        wasted = _median([sum(o in ("oom", "rejected") for o in t.outcomes) for t, _ in runs])
-        launched = sum(sum(o not in ("unused",) for o in t.outcomes) for t, _ in runs)
-        oom_pct = 100 * sum(sum(o == "oom" for o in t.outcomes) for t, _ in runs) / max(launched, 1)
-        at10 = _median([t.best_true[min(9, len(t.best_true) - 1)] / opt for t, opt in runs])
-        at20 = _median([t.best_true[min(19, len(t.best_true) - 1)] / opt for t, opt in runs])
-        med_text = f"{med:.1f}" if med <= budget else f">{budget}"
-        print(f"| {method} | {med_text} | {len(reached)}/{len(runs)} | {wasted:.1f} | {oom_pct:.1f}% | "
-              f"{at10:.3f} | {at20:.3f} |")
-        rows.append(dict(job=job.name, method=method, median=med, oom_pct=oom_pct))
+    for seed in seeds:
+        for method in methods:
+            machine = Machine(job, truth, machine_seed, run_seed=seed)
+            trace = run_method(method, machine, space, budget, seed)
+            rows.append(dict(job=job_name, truth=truth_name, method=method, seed=seed, machine=machine_seed,
+                             optimum=opt.tokens_per_s_per_gpu, outcomes=trace.outcomes, best_true=trace.best_true))
+    print(f"  {job_name} {truth_name} machine {machine_seed} seeds {list(seeds)}: optimum "
+          f"{opt.tokens_per_s_per_gpu:.0f} tokens/s/GPU ({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
     return rows
 
 
-def print_overall(rows: list[dict], args) -> None:
-    print(f"\nseeds {args.seeds}, budget {args.budget} launched probes, noise {NOISE_REL:.0%} per step, "
-          f"machine perturbation {PERTURBATION}")
-    for job in sorted({r["job"] for r in rows}):
-        by = {r["method"]: r for r in rows if r["job"] == job}
-        if "autotune" in by and "tpe" in by:
-            a, t = by["autotune"], by["tpe"]
-            print(f"{job}: autotune {a['median']:.1f} probes (target <= 12: {'yes' if a['median'] <= 12 else 'NO'}), "
-                  f"TPE {t['median']:.1f}{'+' if t['median'] > args.budget else ''} "
-                  f"(autotune <= 1/3 of TPE: {'yes' if a['median'] * 3 <= t['median'] else 'NO'}), "
-                  f"autotune launched OOM {a['oom_pct']:.1f}% (target <= 5%: {'yes' if a['oom_pct'] <= 5 else 'NO'})")
+def units(jobs: list[str], truths: list[str], seeds: int, machines: int, budget: int, methods: list[str]) -> list:
+    out = []
+    for job in jobs:
+        for truth in truths:
+            for m in range(machines):
+                hosted = tuple(s for s in range(seeds) if s % machines == m)
+                if hosted:
+                    out.append((job, truth, m, hosted, budget, tuple(methods)))
+    return out
+
+
+def summarise(rows: list[dict], budget: int) -> list[dict]:
+    """Per (job, truth, method): probes to 95%/97% (median, runs never reaching it count as budget + 1), how
+    many runs reached 95% within 15 and 97% within 40 probes, best after 5/10/20 probes, launched OOMs."""
+    out = []
+    keys = sorted({(r["job"], r["truth"], r["method"]) for r in rows},
+                  key=lambda k: (k[0], [t.name for t in TRUTHS].index(k[1]), METHODS.index(k[2])))
+    for job, truth, method in keys:
+        runs = [r for r in rows if (r["job"], r["truth"], r["method"]) == (job, truth, method)]
+        summary = dict(job=job, truth=truth, method=method, runs=len(runs))
+        for frac in FRACTIONS:
+            reach = [_probes_to(r, frac) for r in runs]
+            summary[f"median_to_{frac:.2f}"] = statistics.median(x if x is not None else budget + 1 for x in reach)
+            summary[f"reached_{frac:.2f}"] = reach
+        summary["within15_0.95"] = sum(x is not None and x <= 15 for x in summary["reached_0.95"])
+        summary["within40_0.97"] = sum(x is not None and x <= min(40, budget) for x in summary["reached_0.97"])
+        for k in CHECKPOINTS:
+            if k > budget:
+                summary[f"best_after_{k}"] = None  # not measured at this budget
+                continue
+            summary[f"best_after_{k}"] = statistics.median(
+                (r["best_true"][min(k, len(r["best_true"])) - 1] if r["best_true"] else 0.0) / r["optimum"] for r in runs)
+        launched = sum(sum(o != "unused" for o in r["outcomes"]) for r in runs)
+        summary["oom_pct"] = 100 * sum(sum(o == "oom" for o in r["outcomes"]) for r in runs) / max(launched, 1)
+        out.append(summary)
+    return out
+
+
+def _probes_to(row: dict, fraction: float) -> int | None:
+    for i, value in enumerate(row["best_true"], 1):
+        if value >= fraction * row["optimum"]:
+            return i
+    return None
+
+
+def print_tables(summaries: list[dict], budget: int) -> None:
+    for job in sorted({s["job"] for s in summaries}, key=lambda n: list(JOB_BY_NAME).index(n)):
+        j = JOB_BY_NAME[job]
+        print(f"\n## {job}  ({j.model}, {j.nodes} x {j.gpus_per_node} GPUs, response {j.workload.max_response_length})\n")
+        print(f"| truth | method | median probes to 95% | 95% within 15 | median probes to 97% | 97% within {min(40, budget)} "
+              "| best after 5 | best after 10 | best after 20 | launched probes OOM |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for s in (s for s in summaries if s["job"] == job):
+            def med(x):
+                return f"{x:.1f}" if x <= budget else f">{budget}"
+            best = " | ".join("-" if s[f"best_after_{k}"] is None else f"{s[f'best_after_{k}']:.3f}" for k in CHECKPOINTS)
+            print(f"| {s['truth']} | {s['method']} | {med(s['median_to_0.95'])} | {s['within15_0.95']}/{s['runs']} | "
+                  f"{med(s['median_to_0.97'])} | {s['within40_0.97']}/{s['runs']} | {best} | {s['oom_pct']:.1f}% |")
+
+
+def print_targets(summaries: list[dict], budget: int) -> None:
+    """Issue 19's done-when, checked on what this run measured."""
+    print()
+    for s in summaries:
+        if s["method"] != "autotune" or s["truth"] != "layout_sigma0.15":
+            continue
+        ok95 = s["within15_0.95"] >= 0.8 * s["runs"]
+        ok97 = s["within40_0.97"] >= 0.6 * s["runs"] and budget >= 40
+        ok_oom = s["oom_pct"] <= 5
+        print(f"{s['job']} layout_sigma0.15: autotune 95% within 15 in {s['within15_0.95']}/{s['runs']} (target >= 8/10: "
+              f"{'yes' if ok95 else 'NO'}), 97% within 40 in {s['within40_0.97']}/{s['runs']} (target >= 6/10: "
+              f"{'yes' if ok97 else 'NO'}), launched OOM {s['oom_pct']:.1f}% (target <= 5%: {'yes' if ok_oom else 'NO'})")
+
+
+CAMPAIGN = dict(jobs=["qwen2.5-7b-x8", "qwen2.5-32b-x32"], truths=[t.name for t in TRUTHS], seeds=10, machines=3,
+                budget=40)
+REDUCED = dict(jobs=["qwen2.5-7b-x8"], truths=["rescaled", "layout_sigma0.15"], seeds=2, machines=2, budget=15)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--campaign", action="store_true", help="2 jobs x 10 truths x 10 seeds x 40 probes (hours of CPU)")
+    parser.add_argument("--reduced", action="store_true", help="7B x8, 2 truths, 2 seeds, 15 probes, every method")
+    parser.add_argument("--jobs", nargs="*", default=None, choices=list(JOB_BY_NAME))
+    parser.add_argument("--truths", nargs="*", default=None, choices=list(TRUTH_BY_NAME))
+    parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--seeds", type=int, default=None, help="search seeds per (job, truth)")
+    parser.add_argument("--machines", type=int, default=None, help="machine seeds per (job, truth); seed s plays s %% M")
+    parser.add_argument("--budget", type=int, default=None, help="launched probes per search")
+    parser.add_argument("--workers", type=int, default=1, help="processes")
+    parser.add_argument("--rows", type=Path, default=None, help="append every run's trace here (JSON lines)")
+    parser.add_argument("--from-rows", type=Path, nargs="*", default=None,
+                        help="print the tables from saved traces instead of running")
+    args = parser.parse_args(argv)
+    preset = CAMPAIGN if args.campaign else REDUCED if args.reduced else dict(CAMPAIGN, jobs=[JOBS[0].name],
+                                                                               truths=["layout_sigma0.15"], seeds=3)
+    jobs = args.jobs or preset["jobs"]
+    truths = args.truths or preset["truths"]
+    seeds = args.seeds or preset["seeds"]
+    machines = min(args.machines or preset["machines"], seeds)
+    budget = args.budget or preset["budget"]
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    started = time.time()
+    work = units(jobs, truths, seeds, machines, budget, args.methods)
+    rows: list[dict] = []
+
+    def keep(part: list[dict]) -> None:
+        rows.extend(part)
+        if args.rows:
+            with args.rows.open("a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in part)
+
+    if args.from_rows is not None:
+        for path in args.from_rows:
+            rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        budget = max(len(r["best_true"]) for r in rows)
+        seeds = max(r["seed"] for r in rows) + 1
+        machines = max(r["machine"] for r in rows) + 1
+    elif args.workers > 1:
+        with multiprocessing.get_context("fork").Pool(args.workers) as pool:
+            for part in pool.imap_unordered(run_unit, work):
+                keep(part)
+    else:
+        for unit in work:
+            keep(run_unit(unit))
+    summaries = summarise(rows, budget)
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    print(f"# python benchmarks/search_efficiency.py {' '.join(sys.argv[1:] if argv is None else argv)}  ({stamp}, "
+          f"{platform.machine()} {os.cpu_count()} CPU cores, {args.workers} worker(s), {time.time() - started:.0f} s)")
+    print(f"\nseeds {seeds} per (job, truth) over {machines} machine seeds, budget {budget} launched probes, noise "
+          f"{NOISE_REL:.0%} per phase per step, constants perturbed {PERTURBATION}")
+    print_tables(summaries, budget)
+    print_targets(summaries, budget)
+    return 0
 
 
 if __name__ == "__main__":

@@ -27,9 +27,11 @@ from autotune.objectives.host_memory import HOST_HEADROOM, estimate_host_memory
 from autotune.objectives.memory import estimate_memory
 from autotune.search.prescreen import MemoryGate, inferred_oom, known_fit, memory_ratio
 from autotune.search.sampler import make_pruner, make_sampler
-from autotune.search.warmstart import PhaseCorrection, Ranked, predicted, rank_space
-from autotune.storage.records import best_records
+from autotune.search import learned
+from autotune.search.equivalence import config_key
+from autotune.search.warmstart import rank_space
 from autotune.spaces.candidate import Candidate
+from autotune.verl.roles import separate_reference
 from autotune.verl.rules import Violation, check
 from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import SearchSpace, verl_default_candidate
@@ -189,40 +191,11 @@ def enqueue_warm_start(study: optuna.Study, cfg: TuneConfig, space: SearchSpace)
 
 
 def propose_from_model(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> bool:
-    """Enqueue the recalibrated model's best untried candidate (every other trial after the warm start).
-
-    The model's per-phase time error is measured by the probes so far (PhaseCorrection); its corrected
-    ranking, polished from the best measured points, proposes the next probe, and TPE proposes the one
-    after. Returns True when something was enqueued.
-    """
-    trials = study.get_trials(deepcopy=False)
-    if not cfg.search.warm_start or any(t.state == TrialState.WAITING for t in trials):
+    """Enqueue the next pick of the model corrected by every probe's phases (search/learned.py), unless this
+    slot is TPE's. Returns True when something was enqueued."""
+    if not cfg.search.learn:
         return False
-    if not any(t.user_attrs.get("state") in ("measured", "simulated") for t in trials):
-        return False
-    last = trials[-1] if trials else None
-    if last is not None and last.user_attrs.get("model_proposal"):
-        return False  # alternate with the sampler
-    tried = {tuple(sorted(t.user_attrs["candidate"].items())) for t in trials if "candidate" in t.user_attrs}
-    gate = MemoryGate.of(study)
-    correction = PhaseCorrection.from_study(study, cfg)
-    starts = []
-    for rec in best_records(study, k=3):
-        cand = Candidate.from_params(study.trials[rec.number].user_attrs["candidate"])
-        score = predicted(cfg, cand, cfg.workload, gate, correction=correction)
-        if score is not None:
-            starts.append(Ranked(score, cand, cfg.workload))
-    ranked = rank_space(cfg, space, gate, samples=1000, keep=6, seed=len(trials), correction=correction,
-                        starts=starts)
-    for r in ranked:
-        if tuple(sorted(r.candidate.as_params().items())) not in tried:
-            # skip_if_exists: another worker may have queued the same point a moment ago
-            study.enqueue_trial(space.params_of(r.candidate, r.workload),
-                                user_attrs={"model_proposal": True,
-                                            "predicted_tokens_per_s_per_gpu": r.predicted_tokens_per_s_per_gpu},
-                                skip_if_exists=True)
-            return True
-    return False
+    return learned.propose(study, cfg, space)
 
 
 def finished_count(study: optuna.Study) -> int:
@@ -324,10 +297,17 @@ def _fail_interrupted(study: optuna.Study, trial: optuna.Trial) -> None:
         pass  # it was recorded before the signal came (tell raises ValueError for a finished trial)
 
 
-def _find_duplicate(study: optuna.Study, trial: optuna.Trial) -> optuna.trial.FrozenTrial | None:
-    """Probes are costly and nearly deterministic: reuse a finished identical trial (Optuna FAQ)."""
+def _find_duplicate(study: optuna.Study, trial: optuna.Trial, kl: bool) -> optuna.trial.FrozenTrial | None:
+    """Probes are costly and nearly deterministic: reuse a finished trial of the same verl configuration (Optuna
+    FAQ); knobs that do not reach verl for this candidate do not make it new (search/equivalence.py)."""
+    mine = trial.user_attrs.get("candidate")
+    if mine is None:
+        return None
+    key = config_key(mine, kl, trial.user_attrs.get("workload_tuned"))
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if t.params == trial.params and t.number != trial.number and "duplicate_of" not in t.user_attrs:
+        if t.number == trial.number or "duplicate_of" in t.user_attrs or "candidate" not in t.user_attrs:
+            continue
+        if config_key(t.user_attrs["candidate"], kl, t.user_attrs.get("workload_tuned")) == key:
             return t
     return None
 
@@ -370,7 +350,7 @@ def prepare_trial(ctx: StudyContext, study: optuna.Study,
     if cfg.tune_workload:  # opted-in workload knobs: recorded even when equal to the user's value
         trial.set_user_attr("workload_tuned", {k: getattr(workload, k) for k in cfg.tune_workload})
 
-    duplicate = _find_duplicate(study, trial)
+    duplicate = _find_duplicate(study, trial, separate_reference(workload))
     if duplicate is not None:
         _copy_outcome(study, trial, duplicate)
         return None
@@ -461,7 +441,8 @@ def _probe(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial, request:
         if multi:  # Optuna prunes single-objective studies only
             return False
         trial.report(tokens_per_s_per_gpu, step)
-        return trial.should_prune()
+        # the corrected model's picks run to the end: their phase times are what it learns from
+        return trial.should_prune() and not trial.user_attrs.get("model_proposal")
 
     try:
         try:

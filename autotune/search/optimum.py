@@ -86,9 +86,14 @@ _ROLLOUT_RULES = {"rollout_world_divisible", "rollout_replica_spans_whole_nodes"
 
 
 def exact_optimum(model: ModelSpec, gpu: GpuSpec, workload: Workload, space: SearchSpace, *, gpus_per_node: int,
-                  nodes: int, constants: ModelConstants = DEFAULT_CONSTANTS) -> Optimum | None:
-    """The fastest feasible point of `space` under the sim model with these constants (None: none fits)."""
-    ev = _Evaluator(model, gpu, workload, gpus_per_node, nodes, constants)
+                  nodes: int, constants: ModelConstants = DEFAULT_CONSTANTS, evaluator=None) -> Optimum | None:
+    """The fastest feasible point of `space` under the sim model with these constants (None: none fits).
+
+    `evaluator(cand) -> (rule ids, MemoryEstimate, StepTime)` replaces the sim model (the benchmark's truths);
+    the decomposition stays exact as long as it keeps the structure above: gen time and the KV check depend
+    on the rollout knobs only, each training phase's time and memory on the layout-and-flags point and its
+    own micro-batch knobs."""
+    ev = evaluator or _Evaluator(model, gpu, workload, gpus_per_node, nodes, constants)
     rollout_names = [n for n in ROLLOUT_KNOBS if n in space.domains]
     gen_table = _rollout_table(space, rollout_names, ev)
     if not gen_table:

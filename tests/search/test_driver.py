@@ -235,23 +235,6 @@ def test_multi_objective_picks_the_fastest_with_enough_headroom(tmp_path):
                if r.peak_mem_gib <= get_gpu("H200").mem_gib - 40)
 
 
-def test_recalibrated_model_proposes_every_other_trial_and_never_repeats(tmp_path):
-    from autotune.search.warmstart import PhaseCorrection
-
-    cfg = _cfg(tmp_path, trials=14, search=SearchOptions(warm_start=2))
-    study = run_study(cfg, _underestimating_sim())
-    proposals = [t for t in study.trials if t.user_attrs.get("model_proposal")]
-    assert len(proposals) >= 3
-    for t in proposals:  # the sampler gets the trial after each proposal
-        if t.number + 1 < len(study.trials):
-            assert not study.trials[t.number + 1].user_attrs.get("model_proposal")
-    seen = [tuple(sorted(t.user_attrs["candidate"].items())) for t in proposals]
-    assert len(seen) == len(set(seen))
-    correction = PhaseCorrection.from_study(study, cfg)
-    assert set(correction.factors) >= {"gen", "update_actor"}
-    assert correction.factors["update_actor"] > 0
-
-
 def test_phase_correction_learns_a_uniformly_slower_machine(tmp_path):
     from dataclasses import replace as dc_replace
 

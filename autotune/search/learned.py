@@ -1,0 +1,385 @@
+"""Learn from every probe's phases: the cost model corrected where the probes say it is wrong (issue 19).
+
+Each launched probe measures every GRPO phase (verl's `timing_s/gen`, `old_log_prob`, `ref`, `update_actor`,
+`update_weights`). For each phase, the log of measured over predicted time is modelled as a Gaussian process
+over the knobs that drive that phase, with an additive kernel of exact-match terms: one term per group of
+knobs (every candidate; same rollout TP; same actor layout; same layout and micro-batching; ...), each with
+its own prior scale. A probe therefore corrects the phase for every untried candidate that shares a group
+with it, and most for those that share the finest groups; a candidate that shares nothing keeps the prior
+uncertainty. This is GP regression with a sum of categorical (Hamming-type) kernels, as BoTorch's mixed
+kernels use for categorical inputs, kept to numpy and a few dozen observations.
+
+The corrected model ranks untried candidates two ways: by its posterior median throughput (exploit) and by
+an optimistic bound, each phase `EXPLORE_BETA` posterior standard deviations faster than its median (explore: a
+layout or rollout setting no probe has touched may be much faster than the model believes). Constraint handling is unchanged:
+candidates go through verl's rules, the memory gate and the OOM boundaries before they are proposed, and the
+driver checks them again.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import random
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import optuna
+from optuna.trial import TrialState
+
+from autotune.config import TuneConfig
+from autotune.objectives.calibration import DEFAULT_CONSTANTS
+from autotune.objectives.cost import estimate_step_time
+from autotune.objectives.host_memory import estimate_host_memory
+from autotune.objectives.memory import estimate_memory
+from autotune.search.equivalence import canonical_params, config_key
+from autotune.search.prescreen import MemoryGate, dominates_oom, measured_outcomes, memory_ratio
+from autotune.search.warmstart import _neighbours, _shape, sample_point
+from autotune.spaces.candidate import Candidate
+from autotune.verl.roles import separate_reference
+from autotune.verl.rules import check
+from autotune.spaces.layout import ParallelLayout
+from autotune.spaces.space import SearchSpace
+from autotune.storage.records import best_records
+from autotune.workload import Workload
+
+LAYOUT = ("actor_engine", "actor_tp", "actor_pp", "actor_vpp", "actor_cp", "actor_ep", "actor_etp", "ulysses_sp")
+ROLLOUT = ("rollout_tp", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill")
+SCHEDULER = ("rollout_tp", "max_num_seqs", "enable_chunked_prefill", "max_num_batched_tokens")
+TRAIN_FLAGS = ("gradient_checkpointing", "activation_offload", "param_offload", "optimizer_offload", "use_liger",
+               "use_remove_padding", "use_torch_compile", "cuda_device_max_connections")
+UPDATE_MICRO = ("use_dynamic_bsz", "ppo_micro_batch_size_per_gpu", "ppo_max_token_len_per_gpu")
+OLD_MICRO = ("use_dynamic_bsz", "log_prob_micro_batch_size_per_gpu", "log_prob_max_token_len_per_gpu")
+REF_MICRO = ("use_dynamic_bsz", "ref_log_prob_micro_batch_size_per_gpu", "log_prob_max_token_len_per_gpu",
+             "ref_param_offload")
+
+# Prior standard deviation of log(measured / predicted) explained by each group. The whole-phase term is wide:
+# generation on a real verl run was 5x slower than predicted (log 5 = 1.6). The group terms are about the
+# size of the sim's per-trial phase errors against the torch probe (update_actor -1% to -35%,
+# benchmarks/results/sim_vs_torch_probe.txt), split over coarse and fine groups.
+_ALL = 0.8
+
+
+def _train_levels(micro: tuple) -> tuple:
+    # the layout carries most of the prior: within a measured layout the model's own structure (micro-batch
+    # size, savers) is trusted more, so exploring spends probes on untried layouts, not on re-tries of one
+    return (((), _ALL), (("actor_engine",), 0.15), (LAYOUT, 0.15), (micro, 0.05), (LAYOUT + micro, 0.05),
+            (LAYOUT + TRAIN_FLAGS, 0.05), (LAYOUT + TRAIN_FLAGS + micro, 0.03))
+
+
+PHASE_LEVELS: dict[str, tuple] = {
+    # vLLM's scheduler setting (TP, batch, chunking, token budget) vs the memory share, which only sets KV room
+    "gen": (((), _ALL), (("rollout_tp",), 0.2), (("rollout_tp", "enable_chunked_prefill"), 0.1),
+            (("rollout_tp", "max_num_seqs"), 0.1), (SCHEDULER, 0.1),
+            (("rollout_tp", "gpu_memory_utilization"), 0.05), (ROLLOUT, 0.03)),
+    "update_actor": _train_levels(UPDATE_MICRO),
+    "old_log_prob": _train_levels(OLD_MICRO),
+    "ref": _train_levels(REF_MICRO),
+    "update_weights": (((), _ALL), (("rollout_tp",), 0.15), (("rollout_tp", "param_offload") + LAYOUT, 0.1)),
+}
+_DEFAULT_LEVELS = (((), _ALL), (LAYOUT, 0.15), (ROLLOUT, 0.15))
+NOISE_REL = 0.05  # run-to-run spread of a phase's median time (the sim plays 3% per step)
+EXPLORE_BETA = 2.0  # optimism of the explore picks, in posterior standard deviations of each phase
+# explore-heavy: each probe of an untried layout with an untried rollout setting learns both; one slot in
+# eight is left to TPE, so a truth the kernel cannot express still gets other probes
+CYCLE = ("explore", "explore", "exploit", "explore", "explore", "exploit", "explore", "sampler")
+CYCLE_ATTR = "learned_cycle"
+
+
+class PhaseGP:
+    """GP regression of one phase's log residual on exact-match group kernels."""
+
+    def __init__(self, levels: tuple, keys: list[dict], y: np.ndarray) -> None:
+        self.levels = levels
+        self.n = len(y)
+        self.var0 = sum(s * s for _, s in levels)
+        self.index: list[dict] = []
+        self.getters = [_getter(knobs) for knobs, _ in levels]
+        K = np.zeros((self.n, self.n))
+        for (knobs, scale), get in zip(levels, self.getters):
+            groups: dict = {}
+            for i, params in enumerate(keys):
+                groups.setdefault(get(params), []).append(i)
+            self.index.append({g: np.array(ix) for g, ix in groups.items()})
+            for ix in groups.values():
+                K[np.ix_(ix, ix)] += scale * scale
+        K[np.diag_indices(self.n)] += NOISE_REL ** 2
+        self.K_inv = np.linalg.inv(K)
+        self.alpha = self.K_inv @ y
+
+    def predict(self, params: Mapping) -> tuple[float, float]:
+        """(posterior mean, posterior variance) of log(measured / predicted) for this candidate."""
+        k = np.zeros(self.n)
+        for (knobs, scale), index, get in zip(self.levels, self.index, self.getters):
+            ix = index.get(get(params))
+            if ix is not None:
+                k[ix] += scale * scale
+        mean = float(k @ self.alpha)
+        var = max(self.var0 - float(k @ self.K_inv @ k), 1e-6)
+        return mean, var
+
+
+def _getter(knobs: tuple):
+    """The group key of a candidate's canonical params (which hold every knob) for these knobs."""
+    if not knobs:
+        return lambda params: ()
+    if len(knobs) == 1:
+        get = operator.itemgetter(knobs[0])
+        return lambda params: (get(params),)
+    return operator.itemgetter(*knobs)
+
+
+@dataclass(frozen=True)
+class Base:
+    """The uncorrected model's answer for one candidate."""
+
+    phase_s: dict
+    tokens_per_step: float
+    world: int
+    memory_ratio: float
+    feasible: bool  # verl's rules and host memory (the GPU-memory gate is checked per query: its margin moves)
+
+
+_BASE_CACHE: dict = {}
+_BASE_CACHE_MAX = 300_000
+
+
+def base_prediction(cfg: TuneConfig, cand: Candidate, workload: Workload) -> Base:
+    """Rules, memory ratio and per-phase times from the analytic model (cached: the model does not change)."""
+    # repr: a Workload may hold lists (the user's train files) and is then unhashable
+    key = (cfg.model.name, cfg.gpu.name, cfg.gpus_per_node, cfg.nodes, cfg.host_mem_gib, repr(workload), cand)
+    hit = _BASE_CACHE.get(key)
+    if hit is not None:
+        return hit
+    layout = ParallelLayout.of(cand, workload, gpus_per_node=cfg.gpus_per_node, nodes=cfg.nodes)
+    if check(cfg.model, workload, cand, layout):
+        base = Base({}, 0.0, layout.world_size, math.inf, False)
+    else:
+        mem = estimate_memory(cfg.model, cfg.gpu, workload, cand, layout)
+        host_ok = estimate_host_memory(cfg.model, workload, cand, layout, gpus_per_node=cfg.gpus_per_node,
+                                       capacity_gib=cfg.host_mem_gib).fits
+        ratio = memory_ratio(mem) if mem.kv_cache_fits else math.inf
+        step = estimate_step_time(cfg.model, cfg.gpu, workload, cand, layout)
+        base = Base(dict(step.phase_s), step.tokens_per_step, layout.world_size, ratio, host_ok)
+    if len(_BASE_CACHE) > _BASE_CACHE_MAX:
+        _BASE_CACHE.clear()
+    _BASE_CACHE[key] = base
+    return base
+
+
+class CorrectedModel:
+    """The cost model times each phase's learned residual, with its uncertainty."""
+
+    def __init__(self, cfg: TuneConfig, observations: list[tuple[dict, dict, dict, float | None]]) -> None:
+        """observations: (canonical params, predicted phase_s, measured phase_s, measured other seconds)."""
+        self.cfg = cfg
+        self.n = len(observations)
+        self.gps: dict[str, PhaseGP] = {}
+        phases = {p for _, pred, meas, _ in observations for p in meas if pred.get(p, 0) > 0}
+        for phase in sorted(phases):
+            rows = [(params, math.log(meas[phase] / pred[phase])) for params, pred, meas, _ in observations
+                    if pred.get(phase, 0) > 0 and meas.get(phase, 0) > 0]
+            self.gps[phase] = PhaseGP(PHASE_LEVELS.get(phase, _DEFAULT_LEVELS), [r[0] for r in rows],
+                                      np.array([r[1] for r in rows]))
+        others = [o for *_, o in observations if o is not None and o >= 0]
+        # what the step spends outside the timed phases; the model's constant until a probe measures it
+        self.other_s = statistics.median(others) if others else DEFAULT_CONSTANTS.system.step_fixed_s
+
+    @classmethod
+    def from_study(cls, study: optuna.Study, cfg: TuneConfig) -> "CorrectedModel":
+        obs = []
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if t.user_attrs.get("state") not in ("measured", "simulated") or "candidate" not in t.user_attrs:
+                continue
+            if t.user_attrs.get("duplicate_of") is not None:
+                continue  # its measurement is already there once
+            measured = t.user_attrs.get("phase_s") or {}
+            if not measured:
+                continue
+            cand = Candidate.from_params(t.user_attrs["candidate"])
+            base = base_prediction(cfg, cand, _workload(cfg, t.user_attrs))
+            step_s = t.user_attrs.get("step_s")
+            other = step_s - sum(measured.values()) if step_s else None
+            obs.append((canonical_params(cand.as_params(), separate_reference(cfg.workload)), base.phase_s, measured, other))
+        return cls(cfg, obs)
+
+    def step(self, params: Mapping, base: Base, beta: float = 0.0) -> tuple[float, float]:
+        """(median step seconds, optimistic step seconds) under the corrected model: each phase at its
+        posterior median, and at `beta` posterior standard deviations faster. The phases are learned
+        separately and add up, so a probe of an untried layout with an untried rollout setting is optimistic
+        about both."""
+        median, optimistic = self.other_s, self.other_s
+        for phase, seconds in base.phase_s.items():
+            gp = self.gps.get(phase)
+            mean, var = gp.predict(params) if gp is not None else (0.0, _ALL ** 2)
+            median += seconds * math.exp(mean)
+            optimistic += seconds * math.exp(mean - beta * math.sqrt(var))
+        return median, optimistic
+
+
+def _workload(cfg: TuneConfig, attrs: Mapping) -> Workload:
+    tuned = attrs.get("workload_tuned")
+    if not tuned:
+        return cfg.workload
+    from dataclasses import replace
+    return replace(cfg.workload, **tuned)
+
+
+@dataclass(frozen=True)
+class Scored:
+    score: float  # the acquisition: tokens/s/GPU, median or optimistic
+    median_tokens_per_s_per_gpu: float
+    candidate: Candidate
+    workload: Workload
+
+
+class Acquisition:
+    """Scores candidates under the corrected model; memoised within one proposal."""
+
+    def __init__(self, cfg: TuneConfig, model: CorrectedModel, gate: MemoryGate, beta: float,
+                 study: optuna.Study | None = None) -> None:
+        self.cfg, self.model, self.gate, self.beta = cfg, model, gate, beta
+        self.ooms = measured_outcomes(study)[0] if study is not None else []
+        self._memo: dict = {}
+
+    def __call__(self, cand: Candidate, workload: Workload) -> Scored | None:
+        params = canonical_params(cand.as_params(), separate_reference(workload))
+        canon = Candidate(**params)
+        key = (canon, repr(workload))
+        if key in self._memo:
+            return self._memo[key]
+        base = base_prediction(self.cfg, canon, workload)
+        out = None
+        if base.feasible and self.gate.admits(base.memory_ratio) and not self._inferred_oom(params):
+            step_s, optimistic_s = self.model.step(params, base, self.beta)
+            per = base.tokens_per_step / base.world
+            out = Scored(per / optimistic_s, per / step_s, cand, workload)
+        self._memo[key] = out
+        return out
+
+    def _inferred_oom(self, params: Mapping) -> bool:
+        """The OOM boundaries (search/prescreen.py): a point dominating a measured OOM is not proposed."""
+        return any(dominates_oom(params, t.user_attrs["candidate"], t.user_attrs.get("oom_kind", "cuda_oom"))
+                   for t in self.ooms)
+
+
+def _polish(space: SearchSpace, start: Scored, acq: Acquisition, rounds: int = 2) -> Scored:
+    """Coordinate descent on the acquisition from `start` over every applicable knob."""
+    best = start
+    for _ in range(rounds):
+        improved = False
+        for cand in _neighbours(space, best.candidate, best.workload):
+            s = acq(cand, best.workload)
+            if s is not None and s.score > best.score * 1.0001:
+                best, improved = s, True
+        if not improved:
+            break
+    return best
+
+
+# Candidates the model knows, per study and process: the best few of each layout from a wide sample, and every
+# polished pick since. Scoring them under the corrected model costs a GP lookup each (their base predictions
+# are cached), so each proposal sees every layout, not only those a small fresh sample happens to draw.
+_POOLS: dict = {}
+POOL_SAMPLES = 2000
+POOL_PER_SHAPE = 2
+
+
+def _pool_shape(cand: Candidate) -> tuple:
+    return tuple(getattr(cand, n) for n in LAYOUT) + (cand.rollout_tp, cand.use_dynamic_bsz)
+
+
+def candidate_pool(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> dict:
+    key = (id(study._storage), study._study_id)
+    pool = _POOLS.get(key)
+    if pool is not None:
+        return pool
+    rng = random.Random(cfg.seed)
+    best: dict = {}
+    for _ in range(POOL_SAMPLES):
+        cand, workload = sample_point(space, cfg.workload, rng)
+        canon = Candidate(**canonical_params(cand.as_params(), separate_reference(workload)))
+        base = base_prediction(cfg, canon, workload)
+        if not base.feasible or base.memory_ratio == math.inf:
+            continue
+        step_s = sum(base.phase_s.values())
+        best.setdefault(_pool_shape(canon), []).append((step_s, canon, workload))
+    pool = {}
+    for entries in best.values():
+        entries.sort(key=lambda e: e[0])
+        for _, canon, workload in entries[:POOL_PER_SHAPE]:
+            pool[(canon, repr(workload))] = (canon, workload)
+    if len(_POOLS) > 64:
+        _POOLS.clear()
+    _POOLS[key] = pool
+    return pool
+
+
+def rank_corrected(cfg: TuneConfig, space: SearchSpace, acq: Acquisition, *, starts: list[Candidate],
+                   pool: dict | None = None, samples: int = 100, keep_shapes: int = 5,
+                   seed: int | None = None) -> list[Scored]:
+    """Candidates by acquisition: the pool and fresh random samples scored, the best of distinct layouts and
+    the given starts polished by coordinate descent (the polished points join the pool)."""
+    rng = random.Random(seed)
+    points = list((pool or {}).values())
+    for _ in range(samples):
+        points.append(sample_point(space, cfg.workload, rng))
+    scored = [s for s in (acq(c, w) for c, w in points) if s is not None]
+    scored.sort(key=lambda s: s.score, reverse=True)
+    # generation depends on the rollout knobs alone and adds to the training phases: give the best-scored
+    # layouts the best-scored rollout settings too, so a good layout is not judged by a pool entry's rollout
+    settings = list(dict.fromkeys(tuple(getattr(s.candidate, n) for n in ROLLOUT) for s in scored[:30]))[:3]
+    mixed = [acq(s.candidate.with_(**dict(zip(ROLLOUT, r))), s.workload) for s in scored[:40] for r in settings]
+    scored = sorted(scored + [s for s in mixed if s is not None], key=lambda s: s.score, reverse=True)
+    seeds, seen = [], set()
+    for s in scored:
+        shape = _pool_shape(s.candidate)
+        if shape not in seen:
+            seen.add(shape)
+            seeds.append(s)
+        if len(seeds) >= keep_shapes:
+            break
+    for cand in starts:
+        s = acq(cand, cfg.workload)
+        if s is not None:
+            seeds.append(s)
+    polished = [_polish(space, s, acq) for s in seeds]
+    if pool is not None:
+        for s in polished:
+            canon = Candidate(**canonical_params(s.candidate.as_params(), separate_reference(s.workload)))
+            pool[(canon, repr(s.workload))] = (canon, s.workload)
+    return sorted(polished + scored[:10], key=lambda s: s.score, reverse=True)
+
+
+def propose(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> bool:
+    """Enqueue the corrected model's next pick (exploit or explore by the cycle); False leaves the slot to TPE."""
+    trials = study.get_trials(deepcopy=False)
+    if any(t.state == TrialState.WAITING for t in trials):
+        return False
+    if not any(t.user_attrs.get("state") in ("measured", "simulated") for t in trials):
+        return False
+    slot = study.user_attrs.get(CYCLE_ATTR, 0)
+    kind = CYCLE[slot % len(CYCLE)]
+    study.set_user_attr(CYCLE_ATTR, slot + 1)
+    if kind == "sampler":
+        return False
+    kl = separate_reference(cfg.workload)
+    tried = {config_key(t.user_attrs["candidate"], kl, t.user_attrs.get("workload_tuned"))
+             for t in trials if "candidate" in t.user_attrs}
+    model = CorrectedModel.from_study(study, cfg)
+    acq = Acquisition(cfg, model, MemoryGate.of(study), EXPLORE_BETA if kind == "explore" else 0.0, study)
+    starts = [Candidate.from_params(study.trials[r.number].user_attrs["candidate"]) for r in best_records(study, k=3)]
+    for s in rank_corrected(cfg, space, acq, starts=starts, pool=candidate_pool(study, cfg, space), seed=len(trials)):
+        key = config_key(s.candidate.as_params(), kl,
+                         {k: getattr(s.workload, k) for k in cfg.tune_workload} if cfg.tune_workload else None)
+        if key in tried:
+            continue
+        study.enqueue_trial(space.params_of(s.candidate, s.workload),
+                            user_attrs={"model_proposal": kind,
+                                        "predicted_tokens_per_s_per_gpu": s.median_tokens_per_s_per_gpu,
+                                        "acquisition_tokens_per_s_per_gpu": s.score},
+                            skip_if_exists=True)  # another worker may have queued the same point a moment ago
+        return True
+    return False

@@ -1,0 +1,82 @@
+"""The search benchmark's truths keep the exact optimum exact, and the benchmark runs end to end (CI-sized)."""
+
+import itertools
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune.search.optimum import _values, exact_optimum
+from autotune.spaces.candidate import Candidate
+from autotune.spaces.space import SearchSpace
+from autotune.workload import Workload
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import search_efficiency as se  # noqa: E402
+from truths import TRUTH_BY_NAME, Machine  # noqa: E402
+
+# the space of tests/search/test_optimum.py: small enough to enumerate point by point
+SMALL = dict(
+    fixed={"use_torch_compile": True, "use_remove_padding": True, "activation_offload": False,
+           "enable_chunked_prefill": True, "ref_param_offload": False, "cuda_device_max_connections": 1},
+    ranges={"actor_engine": ["fsdp", "megatron"], "actor_tp": [1, 2], "actor_pp": [1, 2], "actor_vpp": [1, 2],
+            "actor_cp": [1], "ulysses_sp": [1, 2], "rollout_tp": [1, 2], "gpu_memory_utilization": [0.3, 0.6, 0.9],
+            "max_num_seqs": [64, 512], "max_num_batched_tokens": [8192],
+            "ppo_micro_batch_size_per_gpu": [1, 8, 64], "log_prob_micro_batch_size_per_gpu": [2, 32],
+            "ref_log_prob_micro_batch_size_per_gpu": [4, 128], "ppo_max_token_len_per_gpu": [1536, 12288],
+            "log_prob_max_token_len_per_gpu": [3072, 49152]},
+)
+
+TINY = se.Job("tiny-7b-x8", "qwen2.5-7b", 8, 1, Workload(), SMALL["ranges"])
+
+
+def _space() -> SearchSpace:
+    return SearchSpace.build(se.get_model(TINY.model), TINY.workload, gpus_per_node=8, nodes=1,
+                             fixed=SMALL["fixed"], ranges=SMALL["ranges"])
+
+
+def _brute_force(machine: Machine, space: SearchSpace) -> float:
+    best = 0.0
+    names = list(space.domains)
+    for combo in itertools.product(*(_values(space, n) for n in names)):
+        values = dict(zip(names, combo))
+        partial = {"actor_engine": values["actor_engine"], "use_dynamic_bsz": values["use_dynamic_bsz"]}
+        active = set(space.active_knobs(partial, True)) | {"actor_engine", "use_dynamic_bsz"}
+        if any(n not in active and values[n] != _values(space, n)[0] for n in names):
+            continue
+        neutral = {n: getattr(Candidate(), n) for n in names if n not in active}
+        if values["actor_engine"] != "megatron":
+            neutral["cuda_device_max_connections"] = 0
+            neutral.update({n: 1 for n in ("actor_tp", "actor_pp", "actor_vpp", "actor_cp") if n in names})
+        best = max(best, machine.truth(Candidate(**{**values, **neutral}), TINY.workload))
+    return best
+
+
+@pytest.mark.parametrize("truth", ["layout_sigma0.25", "preemption", "fragmentation", "tp_comm", "rollout_tp"])
+def test_exact_optimum_under_each_truth_equals_brute_force(truth):
+    machine = Machine(TINY, TRUTH_BY_NAME[truth], machine_seed=1, run_seed=0)
+    space = _space()
+    opt = exact_optimum(machine.model, machine.gpu, TINY.workload, space, gpus_per_node=8, nodes=1,
+                        evaluator=machine.ev)
+    assert opt is not None
+    assert opt.tokens_per_s_per_gpu == pytest.approx(_brute_force(machine, space), rel=1e-9)
+
+
+def test_structural_truths_change_what_the_model_predicts():
+    cand = Candidate(actor_engine="megatron", actor_tp=4, rollout_tp=4, cuda_device_max_connections=1)
+    steps = {name: Machine(TINY, TRUTH_BY_NAME[name], 0, 0).ev(cand)[2].phase_s
+             for name in ("rescaled", "tp_comm", "fast_engine", "rollout_tp")}
+    assert steps["tp_comm"]["update_actor"] == pytest.approx(steps["rescaled"]["update_actor"] * (1 + 0.05 * (8 - 1)))
+    assert steps["fast_engine"]["update_actor"] == pytest.approx(steps["rescaled"]["update_actor"] / 1.2)
+    assert steps["rollout_tp"]["gen"] == pytest.approx(steps["rescaled"]["gen"] * 4 ** 0.25)
+
+
+def test_benchmark_smoke_every_method_spends_its_budget(monkeypatch):
+    monkeypatch.setitem(se.JOB_BY_NAME, TINY.name, TINY)
+    monkeypatch.setattr(se, "space_of", lambda job: _space())
+    rows = se.run_unit((TINY.name, "layout_sigma0.15", 0, (0,), 4, se.METHODS))
+    assert {r["method"] for r in rows} == set(se.METHODS)
+    for r in rows:
+        assert len(r["best_true"]) <= 4 and all(0 <= v <= r["optimum"] * (1 + 1e-9) for v in r["best_true"])
+    summary = se.summarise(rows, 4)
+    assert {s["method"] for s in summary} == set(se.METHODS)
