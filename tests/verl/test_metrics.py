@@ -317,3 +317,19 @@ def test_summarize_rejects_bad_input():
         summarize(numpy2_run(), warmup_steps=-1)
     with pytest.raises(ValueError, match="perf/throughput"):
         summarize(parsed("docs_quickstart_v0.1.log")[1:], warmup_steps=0)
+
+
+def test_real_h200_jsonl_of_a_verl_probe_gives_its_score_and_phases():
+    """The file logger's JSONL of autotune's first real verl probe (one H200, 2026-12-03): step 1 is warm-up,
+    the score is step 2's perf/throughput, the phases are step 2's timing_s/*."""
+    from autotune.verl.metrics import JsonlTail, summarize
+
+    path = Path(__file__).parents[2] / "benchmarks" / "results" / "h200-2026-12-03-verl" / "trial0-metrics.jsonl"
+    steps = JsonlTail(path).read_new()
+    assert [s.step for s in steps] == [1, 2]
+    summary = summarize(steps, warmup_steps=1)
+    assert summary.tokens_per_s_per_gpu == pytest.approx(1868.855, abs=1e-3)
+    assert summary.phase_s["gen"] == pytest.approx(10.103, abs=1e-3)
+    assert summary.phase_s["update_actor"] == pytest.approx(17.671, abs=1e-3)
+    assert summary.mfu_actor == pytest.approx(0.047, abs=1e-3)
+    assert summary.peak_mem_gib == pytest.approx(28.818, abs=1e-3)
