@@ -39,6 +39,12 @@ class ActivationConstants:
     verl_logits_forward_bytes: float = 2.0
     verl_entropy_bytes: float = 4.0  # softmax and its product with the logits, bf16, when not compiled
     verl_entropy_compiled_bytes: float = 0.5  # torch.compile fuses them (use_torch_compile, on by default)
+    # Without remove-padding (and no Ulysses) verl 0.9.1 takes the padded branch: the entropy is never compiled
+    # there (verl_F.entropy_from_logits, transformer_impl.py:1484-1491, not self.compute_entropy_from_logits) and
+    # runs on fp32 logits: logits, softmax and their product, 4 bytes each. Found on the H200 verl study
+    # (benchmarks/results/h200-2026-12-03-verl/trial1-probe.log: a 43.83 GiB allocation = 128 x 605 x 151936 x 4 B
+    # inside entropy_from_logits); not fitted.
+    verl_padded_entropy_forward_bytes: float = 12.0
     # model.use_liger, from the code: Liger's SwiGLU keeps gate and up and recomputes SiLU(gate) in backward
     # (liger_kernel/ops/swiglu.py): one MLP-wide bf16 tensor less, 2 bytes per MLP unit. Its RMSNorm keeps
     # the bf16 input and one fp32 rstd per row (ops/rms_norm.py) where HF's Qwen2RMSNorm keeps an fp32

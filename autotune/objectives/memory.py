@@ -91,9 +91,11 @@ def train_logits_bytes(model: ModelSpec, tokens: float, *, start_of_backward: bo
 
 
 def forward_logits_bytes(model: ModelSpec, tokens: float, c: ActivationConstants = ACTIVATIONS,
-                         verl: bool = False, compiled: bool = True) -> float:
+                         verl: bool = False, compiled: bool = True, padded_entropy: bool = False) -> float:
     if not verl:
         return tokens * model.vocab_size * c.logits_forward_bytes
+    if padded_entropy:  # verl's padded branch: uncompiled entropy on fp32 logits (calibration.py)
+        return tokens * model.vocab_size * c.verl_padded_entropy_forward_bytes
     entropy = c.verl_entropy_compiled_bytes if compiled else c.verl_entropy_bytes
     return tokens * model.vocab_size * (c.verl_logits_forward_bytes + entropy)
 
@@ -315,9 +317,13 @@ def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Ca
         tok = tokens_per_micro_batch(cand, workload, forward_only=True, role=role, layout=layout) / split
         # no autograd: only one layer's transient tensors live at a time, as in vLLM's profile forward
         act = inference_bytes_per_token(model, k) * tok
+        # the entropy is computed in the actor's old_log_prob pass only (calculate_entropy), on the padded batch
+        # when remove-padding and Ulysses are both off (FSDP engine; transformer_impl.py:1456-1491)
+        padded = role == "actor" and not cand.is_megatron and not cand.use_remove_padding and cand.ulysses_sp == 1
         logits = forward_logits_bytes(model, tok, act_c, verl=True,
                                        # the Megatron engine never reads use_torch_compile (autotune/verl/keys.py)
-                                       compiled=cand.use_torch_compile and not cand.is_megatron) / vocab_split
+                                       compiled=cand.use_torch_compile and not cand.is_megatron,
+                                       padded_entropy=padded) / vocab_split
         return (weights + optim_resident + ref_resident * (role != "ref") + state.gather_buffer
                 + frag * (act + logits) + sleeping_vllm + overhead)
 

@@ -274,3 +274,22 @@ def test_one_split_serves_memory_gradient_accumulation_and_time():
         assert tokens_per_micro_batch(c, WL, forward_only=False, layout=layout, largest=False) == split.mean_tokens
         assert accumulates_gradients(c, WL, layout) == (count > 1)
         assert split.mean_tokens <= split.largest_tokens <= c.ppo_max_token_len_per_gpu
+
+
+def test_padded_old_log_prob_entropy_is_priced_as_verl_runs_it():
+    """The real verl study on the H200 (benchmarks/results/h200-2026-12-03-verl, trials 1 and 2): remove-padding
+    off, log-prob micro-batch 128 of 768-token rows of Qwen2.5-1.5B shapes: verl ran out of memory in old_log_prob
+    (116.8 GiB in use, 43.83 GiB more asked inside entropy_from_logits). The model said 66.5 GiB; it must say OOM,
+    in old_log_prob, and leave the remove-padding path (compiled entropy on bf16 logits) as it was."""
+    model, gpu = get_model("qwen2.5-1.5b"), get_gpu("H200")
+    workload = Workload(train_batch_size=32, ppo_mini_batch_size=16, rollout_n=4, max_prompt_length=256,
+                        max_response_length=512)
+    cand = Candidate(actor_engine="fsdp2", rollout_tp=1, gpu_memory_utilization=0.5, gradient_checkpointing=False,
+                     ppo_micro_batch_size_per_gpu=32, log_prob_micro_batch_size_per_gpu=128,
+                     ref_log_prob_micro_batch_size_per_gpu=128, use_remove_padding=False)
+    layout = ParallelLayout.of(cand, workload, gpus_per_node=1, nodes=1)
+    padded = estimate_memory(model, gpu, workload, cand, layout)
+    assert padded.phase_peak_gib["old_log_prob"] > 116.8 + 43.8 > padded.capacity_gib
+    assert padded.phase_peak_gib["ref"] < padded.capacity_gib  # the reference pass computes no entropy
+    unpadded = estimate_memory(model, gpu, workload, cand.with_(use_remove_padding=True), layout)
+    assert unpadded.phase_peak_gib["old_log_prob"] < padded.capacity_gib
