@@ -379,3 +379,22 @@ def test_every_verl_example_runs_from_or_fails_in_one_line(tmp_path, offline_cac
         own = imported.overrides.get("actor_rollout_ref.model.path", "").strip("'\"")
         if "$" not in own:
             assert doc["model_path"] == own
+
+
+def test_header_names_the_exported_model_path_when_model_gives_only_shapes(tmp_path):
+    """--from a script whose model.path is a local folder, with --model naming the shapes (a random-weight model
+    built with a known model's shapes): best.yaml trains the folder, and its header says so, not the table's id."""
+    script = tmp_path / "run.sh"
+    script.write_text("python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo data.train_batch_size=32 "
+                      "actor_rollout_ref.actor.ppo_mini_batch_size=16 actor_rollout_ref.rollout.n=4 "
+                      "actor_rollout_ref.model.path=/models/my-random-qwen trainer.n_gpus_per_node=1 "
+                      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4\n")
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "autotune", "run", "--backend", "sim", "--from", str(script),
+                           "--model", "qwen2.5-1.5b", "--gpus", "1", "--trials", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    text = (out / "best.yaml").read_text()
+    assert "path: /models/my-random-qwen" in text
+    header = next(line for line in text.splitlines() if line.startswith("# model:"))
+    assert header.startswith("# model: /models/my-random-qwen (shapes of ")

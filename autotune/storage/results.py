@@ -140,7 +140,8 @@ def export_best(study: optuna.Study, out_dir: Path) -> Path:
                            baseline_tokens_per_s_per_gpu=base.tokens_per_s_per_gpu if base and base.feasible_measurement else None,
                            tuned_workload_knobs=tuple(sorted(attrs.get("workload_tuned") or {})), config_dir=out_dir,
                            baseline_label=baseline_label(study), baseline_trial=base.number if base else None,
-                           verl_default_tokens_per_s_per_gpu=_default_tps(study))
+                           verl_default_tokens_per_s_per_gpu=_default_tps(study),
+                           exported_model_path=overrides.get("actor_rollout_ref.model.path"))
     return write_best_yaml(Path(out_dir) / "best.yaml", overrides, model_engine(candidate), header)
 
 

@@ -175,15 +175,23 @@ def write_best_yaml(path: Path, overrides: dict, engine: str, header: list[str])
     return path
 
 
+def _model_line(model: ModelSpec, exported_model_path: str | None) -> str:
+    """The model.path the export runs; where --model named other shapes (a random-weight folder with a known
+    model's shapes, say), those too, so the header never names another model than the one trained."""
+    path = exported_model_path or model.model_path
+    return path if path == model.model_path else f"{path} (shapes of {model.model_path})"
+
+
 def export_header(*, model: ModelSpec, gpu_name: str, gpus_per_node: int, nodes: int, backend: str,
                   simulated: bool, study: str, trial: int, tokens_per_s_per_gpu: float, mfu: float | None,
                   peak_mem_gib: float, baseline_tokens_per_s_per_gpu: float | None,
                   tuned_workload_knobs: tuple[str, ...], config_dir: Path, baseline_label: str = "verl default",
-                  baseline_trial: int | None = None, verl_default_tokens_per_s_per_gpu: float | None = None) -> list[str]:
+                  baseline_trial: int | None = None, verl_default_tokens_per_s_per_gpu: float | None = None,
+                  exported_model_path: str | None = None) -> list[str]:
     kind = "SIMULATED by the calibrated model, not measured" if simulated else f"measured by the {backend} backend"
     lines = [
         "autotune export: verl 0.9.1 GRPO configuration",
-        f"model: {model.model_path}; GPUs: {nodes} node(s) x {gpus_per_node} {gpu_name}",
+        f"model: {_model_line(model, exported_model_path)}; GPUs: {nodes} node(s) x {gpus_per_node} {gpu_name}",
         f"study: {study}, trial {trial}; backend: {backend}; simulated: {str(simulated).lower()}",
         f"score ({kind}): {tokens_per_s_per_gpu:.1f} tokens/s/GPU, actor MFU "
         f"{'n/a' if mfu is None else f'{mfu:.3f}'}, peak memory {peak_mem_gib:.1f} GiB",
