@@ -41,7 +41,7 @@ def _brute_force(machine: Machine, space: SearchSpace) -> float:
     for combo in itertools.product(*(_values(space, n) for n in names)):
         values = dict(zip(names, combo))
         partial = {"actor_engine": values["actor_engine"], "use_dynamic_bsz": values["use_dynamic_bsz"]}
-        active = set(space.active_knobs(partial, True)) | {"actor_engine", "use_dynamic_bsz"}
+        active = set(space.active_knobs(partial, TINY.workload)) | {"actor_engine", "use_dynamic_bsz"}
         if any(n not in active and values[n] != _values(space, n)[0] for n in names):
             continue
         neutral = {n: getattr(Candidate(), n) for n in names if n not in active}

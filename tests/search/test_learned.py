@@ -57,7 +57,7 @@ def test_corrected_model_learns_a_slower_generation_from_its_phase_times(tmp_pat
     from autotune.objectives.sim import SimRunner
 
     slow_decode = dc_replace(DEFAULT_CONSTANTS, rollout=dc_replace(DEFAULT_CONSTANTS.rollout,
-                                                                   decode_hbm_efficiency=0.375))
+                                                                   decode_hbm_efficiency=DEFAULT_CONSTANTS.rollout.decode_hbm_efficiency / 2))
     cfg = _cfg(tmp_path, trials=4, search=SearchOptions(warm_start=2))
     study = run_study(cfg, SimRunner(constants=slow_decode))
     model = CorrectedModel.from_study(study, cfg)
