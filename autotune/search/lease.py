@@ -69,6 +69,8 @@ class Heartbeat:
                 self._trial.set_user_attr("heartbeat", time.time())
             except UpdateFinishedTrialError:
                 return  # finished here, or failed by another tuner that found it silent
+            except KeyboardInterrupt:
+                return  # a stop was requested (the storage's retry loop checks for it): the main thread ends the run
             except Exception:  # noqa: BLE001 - the storage is away: the main thread reports it; keep beating
                 continue
 
