@@ -156,7 +156,7 @@ def build_tune_config(args):
     from autotune.config import TuneConfig, TuneYaml, check_study_name, default_study_name, load_tune_yaml
     from autotune.hardware import DEFAULT_GPU, detect_gpus, detect_host_mem_gib, get_gpu, match_device_name
     from autotune.model_config import resolve_model
-    from autotune.objectives.select import choose_backend
+    from autotune.backends.select import choose_backend
     from autotune.search.driver import build_space
     from autotune.search.feasibility import require_fit
     from autotune.storage.urls import check_storage_url, default_storage_url
@@ -178,7 +178,7 @@ def build_tune_config(args):
     model = job.model if job is not None and not (args.model or tune.model) else resolve_model(model_name)
     detected = detect_gpus()
     if getattr(args, "executor", "local") == "ray" and args.backend in ("torch", "verl"):
-        from autotune.objectives.select import BackendChoice
+        from autotune.backends.select import BackendChoice
         choice = BackendChoice(args.backend, None)  # probes run on the Ray workers, which have the packages
     else:
         choice = choose_backend(args.backend, detected)
@@ -336,7 +336,7 @@ def _estimate_flags(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from autotune.objectives.base import get_runner
+    from autotune.backends.base import get_runner
     from autotune.search.driver import held_off_knobs, run_study
     from autotune.storage.results import export_best, summary, write_result_json
     from autotune.progress import RunProgress
@@ -345,7 +345,7 @@ def cmd_run(args) -> int:
     cfg = build_tune_config(args)
     label = "your job" if cfg.baseline is not None else "verl default"
     if cfg.host_mem_gib is not None:
-        from autotune.objectives.host_memory import HOST_HEADROOM
+        from autotune.model.host_memory import HOST_HEADROOM
 
         print(f"host memory: {cfg.host_mem_gib:.0f} GiB per node; offloaded states must fit in "
               f"{HOST_HEADROOM:.0%} of it")
@@ -454,9 +454,9 @@ def cmd_export(args) -> int:
 def cmd_train(args) -> int:
     import shlex
 
-    from autotune.objectives.process import run_in_process_group
+    from autotune.backends.process import run_in_process_group
     from autotune.verl.metrics import parse_console_line
-    from autotune.objectives.verl_runner import train_command
+    from autotune.backends.verl.runner import train_command
 
     config = args.config.expanduser()
     if not config.is_file() or config.suffix not in (".yaml", ".yml"):

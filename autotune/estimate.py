@@ -8,9 +8,9 @@ from dataclasses import asdict, dataclass
 
 from autotune.hardware import GpuSpec
 from autotune.models import ModelSpec
-from autotune.objectives.cost import estimate_step_time
-from autotune.objectives.host_memory import estimate_host_memory
-from autotune.objectives.memory import estimate_memory
+from autotune.model.cost import estimate_step_time
+from autotune.model.host_memory import estimate_host_memory
+from autotune.model.memory import estimate_memory
 from autotune.spaces.candidate import Candidate
 from autotune.verl.rules import check
 from autotune.spaces.layout import ParallelLayout

@@ -439,7 +439,7 @@ def _fmt(value, spec: str) -> str:
 
 def render_html(view: StudyView, *, storage_url: str, figures: dict[str, tuple[str, bytes]],
                 skipped: dict[str, str], best_yaml: Path | None) -> str:
-    from autotune.objectives.verl_runner import train_command
+    from autotune.backends.verl.runner import train_command
     from autotune.storage.urls import redact
     from autotune.ui import candidate_summary
 

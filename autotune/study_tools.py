@@ -283,7 +283,7 @@ def worker_config(study, *, storage_url: str, trials: int, out_dir: Path, seed: 
 def _check_backend_here(cfg) -> None:
     from autotune.errors import BackendUnavailable
     from autotune.hardware import detect_gpus
-    from autotune.objectives.select import unavailable_reason
+    from autotune.backends.select import unavailable_reason
 
     if cfg.backend == "sim":
         return
@@ -298,7 +298,7 @@ def _check_backend_here(cfg) -> None:
 
 def cmd_worker(args) -> int:
     from autotune.config import check_study_name
-    from autotune.objectives.base import get_runner
+    from autotune.backends.base import get_runner
     from autotune.progress import RunProgress
     from autotune.search.driver import finished_count, run_study
     from autotune.storage.urls import redact

@@ -4,7 +4,7 @@
 
 Campaigns (the real CLI in subprocesses, on the sim backend slowed to PROBE_STEP_S per step so that
 probes overlap and a kill can land inside one; the orphan campaign runs the verl backend with the
-main_ppo TEST DOUBLE of tests/objectives/verl_double, whose probe spawns grandchildren and hangs):
+main_ppo TEST DOUBLE of tests/backends/verl/verl_double, whose probe spawns grandchildren and hangs):
 
 - kill9:   `autotune run` SIGKILLed at random moments (from start-up to late in a probe), then the
            same command again, until the study holds all its trials.
@@ -38,7 +38,7 @@ import optuna
 from optuna.trial import TrialState
 
 ROOT = Path(__file__).resolve().parents[1]
-DOUBLE = ROOT / "tests" / "objectives" / "verl_double"
+DOUBLE = ROOT / "tests" / "backends" / "verl" / "verl_double"
 PROBE_STEP_S = 0.3
 MODEL = ["--model", "qwen2.5-7b", "--gpus", "8"]
 STUDY = "qwen2.5-7b-1x8-sim"
@@ -52,7 +52,7 @@ def stop_early(signum, frame):  # as autotune/__main__.py does while the CLI loa
     os._exit(130)
 for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(s, stop_early)
-from autotune.objectives import sim
+from autotune.backends import sim
 step_s = float(sys.argv[1])
 orig = sim.SimRunner.probe
 def probe(self, request, report):
@@ -80,7 +80,7 @@ from autotune import interrupt
 from autotune.config import ProbeBudget, SearchOptions, TuneConfig
 from autotune.hardware import get_gpu
 from autotune.models import get_model
-from autotune.objectives.verl_runner import ProbeLimits, VerlRunner
+from autotune.backends.verl.runner import ProbeLimits, VerlRunner
 from autotune.search.driver import run_study
 from autotune.workload import Workload
 out = Path(sys.argv[1]); trials = int(sys.argv[2])

@@ -16,8 +16,8 @@ import math
 import statistics
 from dataclasses import fields, replace
 
-from autotune.objectives.calibration import ACTIVATIONS, THROUGHPUT
-from autotune.objectives.calibration_rows import (H200, errors, load_rows, memory_rows, predict_peak_gib,
+from autotune.model.calibration import ACTIVATIONS, THROUGHPUT
+from autotune.model.calibration_rows import (H200, errors, load_rows, memory_rows, predict_peak_gib,
                                                   predict_tokens_per_s, throughput_rows)
 
 MEM_KNOBS = ("per_h", "per_i", "logits_retained_bytes", "logits_transient_bytes", "logits_forward_bytes")

@@ -25,8 +25,8 @@ import torch
 
 from autotune.hardware import get_gpu, match_device_name
 from autotune.models import get_model
-from autotune.objectives import torch_workload as tw
-from autotune.objectives.flops import mfu
+from autotune.backends.torch import workload as tw
+from autotune.model.flops import mfu
 from autotune.spaces.candidate import Candidate
 from autotune.workload import Workload
 

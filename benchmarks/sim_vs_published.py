@@ -37,8 +37,8 @@ import yaml
 
 from autotune.hardware import GpuSpec, get_gpu
 from autotune.models import get_model
-from autotune.objectives.calibration import DEFAULT_CONSTANTS, ModelConstants
-from autotune.objectives.cost import estimate_step_time
+from autotune.model.calibration import DEFAULT_CONSTANTS, ModelConstants
+from autotune.model.cost import estimate_step_time
 from autotune.spaces.candidate import Candidate
 from autotune.spaces.layout import ParallelLayout
 from autotune.workload import Workload

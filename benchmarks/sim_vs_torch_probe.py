@@ -6,7 +6,7 @@ Reads committed results only (no GPU, no torch):
 - update-phase plans of benchmarks/profile_torch_update.py: the update's peak memory and verl's update MFU;
 - study trials of benchmarks/torch_h200_study.py: the whole probe's peak (every phase), for launched trials;
 - every measured OOM: was it predicted? A probe the kernel killed (host out of memory): was the host's
-  overflow predicted (objectives/host_memory.py)?
+  overflow predicted (model/host_memory.py)?
 - single probes of benchmarks/torch_probe_one.py;
 - the training passes' times (old_log_prob, ref, update_actor) of the study trials.
 
@@ -25,9 +25,9 @@ from pathlib import Path
 
 from autotune.hardware import get_gpu
 from autotune.models import get_model
-from autotune.objectives.cost import estimate_step_time
-from autotune.objectives.host_memory import estimate_host_memory
-from autotune.objectives.memory import estimate_memory
+from autotune.model.cost import estimate_step_time
+from autotune.model.host_memory import estimate_host_memory
+from autotune.model.memory import estimate_memory
 from autotune.spaces.candidate import Candidate
 from autotune.spaces.layout import ParallelLayout
 from autotune.workload import Workload

@@ -27,7 +27,7 @@ from pathlib import Path
 from autotune.config import Budget, ProbeBudget, SearchOptions, TuneConfig
 from autotune.hardware import detect_gpus, detect_host_mem_gib, get_gpu, match_device_name
 from autotune.models import get_model
-from autotune.objectives.torch_runner import TorchRunner
+from autotune.backends.torch.runner import TorchRunner
 from autotune.search.driver import run_study
 from autotune.study_tools import load_study
 from autotune.storage.records import baseline_record, best_records, records
@@ -42,7 +42,7 @@ def study_workload(args: argparse.Namespace) -> Workload:
 def probe_default(cfg: TuneConfig, trial, out: Path, deadline_s: float) -> dict:
     """Probe verl's default outside the study (the gate predicted an OOM): a measured OOM or a measurement."""
     from autotune.errors import ProbeOOM
-    from autotune.objectives.base import ProbeRequest
+    from autotune.backends.base import ProbeRequest
     from autotune.spaces.candidate import Candidate
 
     request = ProbeRequest(model=cfg.model, gpu=cfg.gpu, n_gpus=1, nodes=1, workload=cfg.workload,

@@ -13,8 +13,8 @@ from pathlib import Path
 from autotune.errors import ProbeError, ProbeOOM
 from autotune.hardware import get_gpu
 from autotune.models import get_model
-from autotune.objectives.base import ProbeRequest
-from autotune.objectives.torch_runner import TorchRunner
+from autotune.backends.base import ProbeRequest
+from autotune.backends.torch.runner import TorchRunner
 from autotune.spaces.space import verl_default_candidate
 from autotune.workload import Workload
 

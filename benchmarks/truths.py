@@ -33,12 +33,12 @@ from pathlib import Path
 from autotune.errors import ProbeOOM
 from autotune.hardware import get_gpu
 from autotune.models import get_model
-from autotune.objectives.base import ProbePruned, ProbeRequest, ProbeResult, ProbeRunner
-from autotune.objectives.calibration import DEFAULT_CONSTANTS, ModelConstants
-from autotune.objectives.cost import estimate_step_time
-from autotune.objectives.memory import (estimate_memory, kv_bytes_per_token, tokens_per_micro_batch,
+from autotune.backends.base import ProbePruned, ProbeRequest, ProbeResult, ProbeRunner
+from autotune.model.calibration import DEFAULT_CONSTANTS, ModelConstants
+from autotune.model.cost import estimate_step_time
+from autotune.model.memory import (estimate_memory, kv_bytes_per_token, tokens_per_micro_batch,
                                         vllm_kv_cache_bytes)
-from autotune.objectives.sim import SIMULATED_STARTUP_S
+from autotune.backends.sim import SIMULATED_STARTUP_S
 from autotune.spaces.candidate import Candidate
 from autotune.verl.rules import check
 from autotune.spaces.layout import ParallelLayout

@@ -146,8 +146,8 @@ def test_export_of_a_study_with_no_feasible_trial_is_refused(tmp_path):
 
 def test_run_says_which_knobs_the_backend_holds_off(tmp_path, monkeypatch, capsys):
     """A real backend without liger-kernel holds use_liger at False: the user is told, the export agrees."""
-    from autotune.objectives import base
-    from autotune.objectives.sim import SimRunner
+    from autotune.backends import base
+    from autotune.backends.sim import SimRunner
 
     class SimWithoutLiger(SimRunner):  # test double: the sim standing in for a backend lacking a package
         def held_off(self):
@@ -163,8 +163,8 @@ def test_run_says_which_knobs_the_backend_holds_off(tmp_path, monkeypatch, capsy
 
 def test_run_says_what_the_backend_measures_and_a_pin_outside_it_is_one_line(tmp_path, monkeypatch, capsys):
     """A backend that measures FSDP only (the torch backend, here a sim test double) narrows the engine choice."""
-    from autotune.objectives import base
-    from autotune.objectives.sim import SimRunner
+    from autotune.backends import base
+    from autotune.backends.sim import SimRunner
 
     class SimMeasuringFsdpOnly(SimRunner):
         def measurable_choices(self):

@@ -22,9 +22,9 @@ from autotune.search import lease
 from autotune.config import TuneConfig
 from autotune.errors import (ConfigError, ProbeEnvironmentError, ProbeError, ProbeOOM, ProbeRejected,
                              RunFolderError)
-from autotune.objectives.base import ProbePruned, ProbeRequest, ProbeResult, ProbeRunner
-from autotune.objectives.host_memory import HOST_HEADROOM, estimate_host_memory
-from autotune.objectives.memory import estimate_memory
+from autotune.backends.base import ProbePruned, ProbeRequest, ProbeResult, ProbeRunner
+from autotune.model.host_memory import HOST_HEADROOM, estimate_host_memory
+from autotune.model.memory import estimate_memory
 from autotune.search.prescreen import MemoryGate, inferred_oom, known_fit, memory_ratio
 from autotune.search.sampler import make_pruner, make_sampler
 from autotune.search import learned

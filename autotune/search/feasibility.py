@@ -7,7 +7,7 @@ import itertools
 from autotune.errors import ConfigError
 from autotune.hardware import GpuSpec
 from autotune.models import ModelSpec
-from autotune.objectives.memory import estimate_memory
+from autotune.model.memory import estimate_memory
 from autotune.spaces.candidate import Candidate
 from autotune.verl.rules import check
 from autotune.spaces.layout import ParallelLayout

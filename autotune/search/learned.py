@@ -30,10 +30,10 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.config import TuneConfig
-from autotune.objectives.calibration import DEFAULT_CONSTANTS
-from autotune.objectives.cost import estimate_step_time
-from autotune.objectives.host_memory import estimate_host_memory
-from autotune.objectives.memory import estimate_memory
+from autotune.model.calibration import DEFAULT_CONSTANTS
+from autotune.model.cost import estimate_step_time
+from autotune.model.host_memory import estimate_host_memory
+from autotune.model.memory import estimate_memory
 from autotune.search.equivalence import canonical_params, config_key
 from autotune.search.prescreen import MemoryGate, dominates_oom, measured_outcomes, memory_ratio
 from autotune.search.warmstart import _neighbours, _shape, sample_point

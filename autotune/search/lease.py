@@ -116,7 +116,7 @@ def reap(study: optuna.Study, storage: optuna.storages.BaseStorage, *, grace_s: 
     Returns the numbers of the trials failed here. Two tuners may find the same dead trial; the storage
     lets only one of them finish it, and only that one queues the retry.
     """
-    from autotune.objectives.process import end_recorded_probe
+    from autotune.backends.process import end_recorded_probe
 
     host = socket.gethostname()
     now_s = time.time()

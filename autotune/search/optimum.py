@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 from autotune.hardware import GpuSpec
 from autotune.models import ModelSpec
-from autotune.objectives.calibration import DEFAULT_CONSTANTS, ModelConstants
-from autotune.objectives.cost import estimate_step_time
-from autotune.objectives.memory import estimate_memory
+from autotune.model.calibration import DEFAULT_CONSTANTS, ModelConstants
+from autotune.model.cost import estimate_step_time
+from autotune.model.memory import estimate_memory
 from autotune.spaces.candidate import Candidate
 from autotune.verl.rules import check
 from autotune.spaces.layout import ParallelLayout

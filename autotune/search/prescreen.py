@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import TrialState
 
-from autotune.objectives.memory import MemoryEstimate
+from autotune.model.memory import MemoryEstimate
 
 # memory non-decreasing in each of these, everything else fixed
 MONOTONE_UP = ("ppo_micro_batch_size_per_gpu", "log_prob_micro_batch_size_per_gpu",

@@ -19,7 +19,7 @@ import optuna
 
 from autotune.config import TuneConfig
 from autotune.errors import BackendUnavailable, ProbeCrashed, ProbeEnvironmentError, ProbeOOM, ProbeRejected, ProbeTimeout
-from autotune.objectives.base import ProbePruned, ProbeRequest, ProbeRunner, get_runner
+from autotune.backends.base import ProbePruned, ProbeRequest, ProbeRunner, get_runner
 from autotune.search import driver, lease
 
 _ERRORS = {"ProbeRejected": ProbeRejected, "ProbeCrashed": ProbeCrashed, "ProbeTimeout": ProbeTimeout,
@@ -151,13 +151,13 @@ class _LocalChecks(ProbeRunner):
 
     def unsupported(self, candidate, workload):
         if self.name == "torch":
-            from autotune.objectives.torch_runner import unsupported_reason
+            from autotune.backends.torch.runner import unsupported_reason
             return unsupported_reason(candidate, workload)
         return None
 
     def measurable_choices(self):
         if self.name == "torch":
-            from autotune.objectives.torch_runner import MEASURABLE_CHOICES
+            from autotune.backends.torch.runner import MEASURABLE_CHOICES
             return MEASURABLE_CHOICES
         return {}
 

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from autotune.config import TuneConfig
-from autotune.objectives.calibration import DEFAULT_CONSTANTS, ModelConstants
-from autotune.objectives.cost import estimate_step_time
-from autotune.objectives.host_memory import estimate_host_memory
-from autotune.objectives.memory import estimate_memory
+from autotune.model.calibration import DEFAULT_CONSTANTS, ModelConstants
+from autotune.model.cost import estimate_step_time
+from autotune.model.host_memory import estimate_host_memory
+from autotune.model.memory import estimate_memory
 from autotune.search.prescreen import MemoryGate, memory_ratio
 from autotune.spaces.candidate import Candidate
 from autotune.verl.rules import check

@@ -1,7 +1,7 @@
 """Say why a verl probe failed, from its exit code and the tail of its log.
 
 The strings are the ones verl 0.9.1, vLLM, torch, Ray and Hydra print (reference/verl.md sections
-2 and 4.6); tests/objectives/data/verl_failures/ holds real excerpts from verl issue threads and
+2 and 4.6); tests/verl/data/verl_failures/ holds real excerpts from verl issue threads and
 docs, one file per case. The driver exits non-zero with a `RayTaskError(...)` wrapper, so the cause
 is found by what the tail says, not by the exception type at the bottom.
 """
@@ -88,7 +88,7 @@ _CONFIG = _rx(
     r"OverrideParseException",
     # a structured config (verl's config dataclasses, hydra's instantiate) refusing a key the user set:
     # "Key 'foo' not in 'FSDPActorConfig'". Not "Key '...' is not in struct", which verl's own code hits at run
-    # time (verl-project/verl#4157, tests/objectives/data/verl_failures/unknown__rollout_correction_config_key.log)
+    # time (verl-project/verl#4157, tests/verl/data/verl_failures/unknown__rollout_correction_config_key.log)
     r"ConfigKeyError: Key '[^']+' not in '",
     r"__init__\(\) got an unexpected keyword argument '",
     # verl's own checks, verl.md section 2 (verl/utils/config.py, workers/config/*.py, engine_workers.py)

@@ -8,7 +8,7 @@ from autotune.config import Budget, ProbeBudget, SearchOptions, TuneConfig
 from autotune.errors import ConfigError
 from autotune.hardware import get_gpu
 from autotune.models import get_model
-from autotune.objectives.base import get_runner
+from autotune.backends.base import get_runner
 from autotune.search.driver import fail_dead_local_trials, open_study, run_study
 from autotune.storage.records import best_records, records
 from autotune.workload import Workload
@@ -66,7 +66,7 @@ def test_pinned_knobs_hold_and_workload_never_changes(tmp_path):
 
 def _sim_without_liger():
     """The sim standing in for a real backend on a machine without liger-kernel (a test double)."""
-    from autotune.objectives.sim import SimRunner
+    from autotune.backends.sim import SimRunner
 
     class NoLigerHere(SimRunner):
         def held_off(self):
@@ -85,9 +85,9 @@ def test_knobs_the_backend_holds_off_are_never_proposed_unless_the_user_pins_the
 
 def _sim_measuring_fsdp_only():
     """The sim standing in for the torch backend, which measures FSDP layouts only (a test double)."""
-    from autotune.objectives.sim import SimRunner
-    from autotune.objectives.select import knobs_held_off
-    from autotune.objectives.torch_runner import MEASURABLE_CHOICES, unsupported_reason
+    from autotune.backends.sim import SimRunner
+    from autotune.backends.select import knobs_held_off
+    from autotune.backends.torch.runner import MEASURABLE_CHOICES, unsupported_reason
 
     class FsdpOnly(SimRunner):
         def measurable_choices(self):
@@ -169,8 +169,8 @@ def _underestimating_sim():
     """TEST DOUBLE machine: activations 3x what the model believes, so the gate lets OOMs through."""
     from dataclasses import replace as dc_replace
 
-    from autotune.objectives.calibration import ACTIVATIONS, DEFAULT_CONSTANTS
-    from autotune.objectives.sim import SimRunner
+    from autotune.model.calibration import ACTIVATIONS, DEFAULT_CONSTANTS
+    from autotune.backends.sim import SimRunner
 
     heavy = dc_replace(ACTIVATIONS, per_h=ACTIVATIONS.per_h * 3, per_i=ACTIVATIONS.per_i * 3,
                        logits_transient_bytes=ACTIVATIONS.logits_transient_bytes * 3)
@@ -238,8 +238,8 @@ def test_multi_objective_picks_the_fastest_with_enough_headroom(tmp_path):
 def test_phase_correction_learns_a_uniformly_slower_machine(tmp_path):
     from dataclasses import replace as dc_replace
 
-    from autotune.objectives.calibration import DEFAULT_CONSTANTS
-    from autotune.objectives.sim import SimRunner
+    from autotune.model.calibration import DEFAULT_CONSTANTS
+    from autotune.backends.sim import SimRunner
     from autotune.search.warmstart import PhaseCorrection
 
     slow_decode = dc_replace(DEFAULT_CONSTANTS, rollout=dc_replace(  # half the model's decode bandwidth

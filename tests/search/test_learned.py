@@ -7,7 +7,7 @@ import pytest
 from autotune.config import Budget, ProbeBudget, SearchOptions, TuneConfig
 from autotune.hardware import get_gpu
 from autotune.models import get_model
-from autotune.objectives.base import get_runner
+from autotune.backends.base import get_runner
 from autotune.search.driver import run_study
 from autotune.search.equivalence import canonical_params, config_key
 from autotune.search.learned import LAYOUT, PHASE_LEVELS, CorrectedModel, PhaseGP, base_prediction
@@ -53,8 +53,8 @@ def test_two_layouts_disagreeing_keep_their_own_factors():
 def test_corrected_model_learns_a_slower_generation_from_its_phase_times(tmp_path):
     from dataclasses import replace as dc_replace
 
-    from autotune.objectives.calibration import DEFAULT_CONSTANTS
-    from autotune.objectives.sim import SimRunner
+    from autotune.model.calibration import DEFAULT_CONSTANTS
+    from autotune.backends.sim import SimRunner
 
     slow_decode = dc_replace(DEFAULT_CONSTANTS, rollout=dc_replace(DEFAULT_CONSTANTS.rollout,
                                                                    decode_hbm_efficiency=DEFAULT_CONSTANTS.rollout.decode_hbm_efficiency / 2))

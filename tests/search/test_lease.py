@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 from autotune.config import ProbeBudget, SearchOptions, TuneConfig
 from autotune.hardware import get_gpu
 from autotune.models import get_model
-from autotune.objectives.base import get_runner
+from autotune.backends.base import get_runner
 from autotune.search import lease
 from autotune.search.driver import _STORAGES, enqueue_baseline, fail_dead_local_trials, open_study, run_study
 from autotune.storage.records import baseline_record
@@ -196,7 +196,7 @@ def test_a_second_writer_on_one_sqlite_file_is_one_line_naming_the_alternatives(
 def test_a_tuner_whose_trial_was_failed_by_another_goes_on_with_the_next(tmp_path):
     """A worker that lost its database for longer than the grace finds its trial failed (and retried) by
     another tuner: it cannot store its result there, and carries on instead of crashing."""
-    from autotune.objectives.sim import SimRunner
+    from autotune.backends.sim import SimRunner
 
     cfg = _cfg(tmp_path, trials=4)
 

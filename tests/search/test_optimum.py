@@ -7,9 +7,9 @@ import pytest
 
 from autotune.hardware import get_gpu
 from autotune.models import get_model
-from autotune.objectives.calibration import DEFAULT_CONSTANTS
-from autotune.objectives.cost import estimate_step_time
-from autotune.objectives.memory import estimate_memory
+from autotune.model.calibration import DEFAULT_CONSTANTS
+from autotune.model.cost import estimate_step_time
+from autotune.model.memory import estimate_memory
 from autotune.search.optimum import _values, exact_optimum
 from autotune.spaces.candidate import Candidate
 from autotune.verl.rules import check

@@ -1,6 +1,6 @@
 """kill -9 of the tuner in the middle of a probe, then the same run again (issue 7).
 
-The tuner runs in a subprocess on the verl backend with the main_ppo TEST DOUBLE (tests/objectives/
+The tuner runs in a subprocess on the verl backend with the main_ppo TEST DOUBLE (tests/backends/verl/
 verl_double) hanging in step 2; it is SIGKILLed (no finally block runs), and a new run on the same
 storage must end the orphaned probe group, mark the trial failed with the reason, retry it once, and
 keep every finished trial.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import optuna
 
-DOUBLE = Path(__file__).parents[1] / "objectives" / "verl_double"
+DOUBLE = Path(__file__).parents[1] / "backends" / "verl" / "verl_double"
 
 TUNER = r"""
 import os, sys
@@ -24,7 +24,7 @@ from pathlib import Path
 from autotune.config import ProbeBudget, SearchOptions, TuneConfig
 from autotune.hardware import get_gpu
 from autotune.models import get_model
-from autotune.objectives.verl_runner import ProbeLimits, VerlRunner
+from autotune.backends.verl.runner import ProbeLimits, VerlRunner
 from autotune.search.driver import run_study
 from autotune.workload import Workload
 out = Path(sys.argv[1]); trials = int(sys.argv[2])
@@ -43,7 +43,7 @@ def _tuner(out: Path, trials: int, scenario: str) -> subprocess.Popen:
 
 
 def _group_alive(pgid: int) -> bool:
-    from autotune.objectives.process import group_alive  # zombies (nobody reaps them here) do not count
+    from autotune.backends.process import group_alive  # zombies (nobody reaps them here) do not count
 
     return group_alive(pgid)
 

@@ -17,8 +17,8 @@ from autotune.config import ProbeBudget, SearchOptions, TuneConfig
 from autotune.errors import RunFolderError, StorageUnavailable
 from autotune.hardware import get_gpu
 from autotune.models import get_model
-from autotune.objectives.base import ProbeRunner
-from autotune.objectives.sim import SimRunner
+from autotune.backends.base import ProbeRunner
+from autotune.backends.sim import SimRunner
 from autotune.search.driver import run_study
 from autotune.storage import urls
 from autotune.workload import Workload

@@ -1,4 +1,4 @@
-"""Failure classification on real verl log excerpts (tests/objectives/data/verl_failures).
+"""Failure classification on real verl log excerpts (tests/verl/data/verl_failures).
 
 Each corpus file is `<expected_kind>__<slug>.log`, starting with `# source: <url>` and
 `# expected_phase: <phase or none>`; further `# note:` lines explain the excerpt.
@@ -20,7 +20,7 @@ from autotune.verl.failures import (
 )
 from autotune.verl.metrics import parse_console_line
 
-CORPUS = sorted((Path(__file__).parents[1] / "objectives" / "data" / "verl_failures").glob("*.log"))
+CORPUS = sorted((Path(__file__).parent / "data" / "verl_failures").glob("*.log"))
 EVIDENCE_KINDS = {
     FailureKind.CUDA_OOM,
     FailureKind.KV_CACHE_TOO_SMALL,
@@ -120,7 +120,7 @@ def test_hang_without_evidence():
 
 
 def log_lines_of_step_run() -> list[str]:
-    data = Path(__file__).parents[1] / "objectives" / "data" / "verl_logs" / "notes_numpy2_v0.5.log"
+    data = Path(__file__).parent / "data" / "verl_logs" / "notes_numpy2_v0.5.log"
     return [line for line in data.read_text(encoding="utf-8").splitlines() if not line.startswith("#")]
 
 

@@ -106,7 +106,7 @@ def test_lora_target_modules_are_read_and_size_the_adapters(tmp_path):
         "actor_rollout_ref.model.target_modules=all-linear", "actor_rollout_ref.model.target_modules=[q_proj,v_proj]"))
     narrow = _job(script)
     assert narrow.workload.lora_target_modules == ["q_proj", "v_proj"]
-    from autotune.objectives.memory import lora_params
+    from autotune.model.memory import lora_params
     assert lora_params(job.model, 64, ["q_proj", "v_proj"]) < lora_params(job.model, 64) / 5
 
 

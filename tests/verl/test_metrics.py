@@ -1,4 +1,4 @@
-"""verl metric parsing on real console lines (tests/objectives/data/verl_logs, one source per file)."""
+"""verl metric parsing on real console lines (tests/verl/data/verl_logs, one source per file)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from autotune.verl.metrics import (
     summarize,
 )
 
-DATA = Path(__file__).parents[1] / "objectives" / "data" / "verl_logs"
+DATA = Path(__file__).parent / "data" / "verl_logs"
 FIXTURES = sorted(DATA.glob("*.log"))
 STEP_FIXTURES = [p for p in FIXTURES if not p.name.startswith("nonstep_")]
 NONSTEP_FIXTURES = [p for p in FIXTURES if p.name.startswith("nonstep_")]

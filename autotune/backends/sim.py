@@ -1,0 +1,73 @@
+"""The `sim` backend: the calibrated memory and cost model answering in place of a GPU.
+
+Every result it returns is labelled `simulated=True`; the CLI and exports say so. It runs the same
+reporting loop as a real probe (one report per step), so pruning and the study driver are exercised
+end to end in CI. The search benchmark gives it perturbed constants and run-to-run noise, so that it
+plays a machine the model does not know exactly (benchmarks/search_efficiency.py).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from typing import ClassVar
+
+from autotune.errors import ProbeOOM
+from autotune.backends.base import ProbePruned, ProbeRequest, ProbeResult, ProbeRunner, StepReporter
+from autotune.model.calibration import DEFAULT_CONSTANTS, ModelConstants
+from autotune.model.cost import estimate_step_time
+from autotune.model.memory import estimate_memory
+from autotune.spaces.layout import ParallelLayout
+
+# What a real probe costs before its first step: Ray start, model load, vLLM start and CUDA-graph
+# capture. A prior (verl issue threads report 1-5 minutes); used for the simulated GPU-hour budget.
+SIMULATED_STARTUP_S = 180.0
+
+
+class SimRunner(ProbeRunner):
+    name: ClassVar[str] = "sim"
+    simulated: ClassVar[bool] = True
+
+    def __init__(self, constants: ModelConstants = DEFAULT_CONSTANTS, noise_rel: float = 0.0,
+                 seed: int | None = None) -> None:
+        self.constants = constants
+        self.noise_rel = noise_rel  # run-to-run noise of a step's throughput (relative std)
+        self._rng = random.Random(seed)
+
+    def probe(self, request: ProbeRequest, report: StepReporter) -> ProbeResult:
+        k = self.constants
+        layout = ParallelLayout.of(request.candidate, request.workload, gpus_per_node=request.n_gpus,
+                                   nodes=request.nodes)
+        mem = estimate_memory(request.model, request.gpu, request.workload, request.candidate, layout, constants=k)
+        if not mem.kv_cache_fits:
+            raise ProbeOOM(f"(simulated) No available memory for the cache blocks: KV cache {mem.kv_cache_gib:.2f} GiB "
+                           f"< {mem.kv_cache_needed_gib:.2f} GiB for one max-length sequence. Try increasing "
+                           "gpu_memory_utilization", phase="rollout", over_gib=mem.over_gib, peak_mem_gib=mem.peak_gib,
+                           kind="kv_cache_too_small")
+        if mem.peak_gib > mem.capacity_gib:
+            raise ProbeOOM(f"(simulated) CUDA out of memory in {mem.worst_phase}: {mem.peak_gib:.1f} GiB needed of "
+                           f"{mem.capacity_gib:.1f} GiB", phase=mem.worst_phase, over_gib=mem.over_gib,
+                           peak_mem_gib=mem.peak_gib)
+        step = estimate_step_time(request.model, request.gpu, request.workload, request.candidate, layout,
+                                  constants=k)
+        series: list[float] = []
+        for i in range(1, request.warmup_steps + request.timed_steps + 1):
+            tokens_per_s = step.tokens_per_s_per_gpu * self._noise()
+            if i <= request.warmup_steps:
+                continue
+            series.append(tokens_per_s)
+            if report(i, tokens_per_s):
+                raise ProbePruned(i, tokens_per_s)
+        median = statistics.median(series)  # gpt-fast style: median of the timed steps
+        wall_s = SIMULATED_STARTUP_S + (request.warmup_steps + request.timed_steps) * step.step_s
+        return ProbeResult(
+            tokens_per_s_per_gpu=median, mfu=step.mfu_actor, peak_mem_gib=mem.peak_gib,
+            step_s=step.step_s, phase_s=dict(step.phase_s), simulated=True,
+            series={"perf/throughput": series, "timing_s/step": [step.step_s] * len(series)},
+            extra={"memory_phase_gib": mem.phase_peak_gib, "memory_components_gib": mem.components_gib,
+                   "kv_cache_gib": mem.kv_cache_gib, "rollout_concurrency": step.rollout_concurrency,
+                   "probe_wall_s": wall_s},
+        )
+
+    def _noise(self) -> float:
+        return max(self._rng.gauss(1.0, self.noise_rel), 0.5) if self.noise_rel else 1.0

@@ -1,0 +1,233 @@
+"""The `verl` backend: a short `python3 -m verl.trainer.main_ppo` GRPO run per candidate.
+
+What is probed is what is exported: the probe's Hydra config is written by the same function as
+best.yaml (verl/export.py), and only probe limits are added on the command line (few steps, no
+validation, no checkpoints, a file logger, a fixed response length). The run lives in its own process
+group with a watchdog (backends/process.py); metrics come live from verl's JSONL file logger, with the
+console lines as a fallback; failures are classified from the exit code and the log tail
+(verl/failures.py). GPUs are sampled with NVML during the probe.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from autotune.errors import (ProbeCrashed, ProbeEnvironmentError, ProbeOOM, ProbeRejected, ProbeTimeout)
+from autotune.backends.base import ProbePruned, ProbeRequest, ProbeResult, ProbeRunner, StepReporter
+from autotune.backends.gpu_monitor import GpuMonitor, idle_fraction_by_phase, phase_windows, summarize_samples
+from autotune.backends.process import ProcessOutcome, run_in_process_group
+from autotune.backends.select import knob_package_missing, knobs_held_off
+from autotune.verl.failures import FailureKind, classify_failure
+from autotune.verl.metrics import JsonlTail, StepMetrics, parse_console_line, summarize
+from autotune.verl.export import best_yaml_text, model_engine, verl_overrides
+
+PROBE_CONFIG_NAME = "probe"
+PGID_FILE = "probe.pgid"  # the live probe's process group, for clean-up after a killed tuner
+LOG_TAIL_CHARS = 20_000
+THROUGHPUT_KEY = "perf/throughput"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeLimits:
+    deadline_s: float = 3600.0  # whole probe, start-up included
+    idle_timeout_s: float = 900.0  # no new step for this long: hung (first step includes Ray + vLLM start)
+    kill_grace_s: float = 20.0
+
+
+def probe_overrides(request: ProbeRequest, metrics_path: Path) -> list[str]:
+    """Command-line additions that turn the exported config into a short, comparable probe."""
+    total_steps = request.warmup_steps + request.timed_steps
+    run_dir = Path(request.run_dir).resolve()
+    return [
+        f"trainer.total_training_steps={total_steps}",
+        f"data.train_max_samples={total_steps * request.workload.train_batch_size}",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.resume_mode=disable",
+        f"trainer.default_local_dir={run_dir / 'ckpt'}",
+        "trainer.logger=[console,file]",
+        "trainer.project_name=autotune",
+        f"trainer.experiment_name=trial{request.trial_number:04d}",
+        # every sequence decodes to max_response_length, so probes compare equal work (rollout.yaml:49)
+        "actor_rollout_ref.rollout.ignore_eos=True",
+        # the file logger reads this in the TaskRunner actor; a locally started Ray cluster inherits the
+        # driver's env, this covers a joined one too (reference/verl.md section 4)
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH='{metrics_path}'",
+    ]
+
+
+def probe_command(request: ProbeRequest, *, python: str = sys.executable) -> tuple[list[str], dict[str, str], Path]:
+    """(argv, env, metrics path) of one probe; writes RUN_DIR/probe.yaml, the exporter's config."""
+    run_dir = Path(request.run_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    metrics_path = run_dir / "metrics.jsonl"
+    overrides = verl_overrides(request.model, request.workload, request.candidate, gpus_per_node=request.n_gpus,
+                               nodes=request.nodes, passthrough=request.passthrough)
+    engine = model_engine(request.candidate)
+    header = [f"autotune probe config for trial {request.trial_number} (same writer as best.yaml)"]
+    (run_dir / f"{PROBE_CONFIG_NAME}.yaml").write_text(best_yaml_text(overrides, engine, header))
+    argv = [python, "-m", "verl.trainer.main_ppo", f"--config-path={run_dir}", f"--config-name={PROBE_CONFIG_NAME}",
+            *probe_overrides(request, metrics_path)]
+    return argv, probe_env(request, metrics_path), metrics_path
+
+
+def probe_env(request: ProbeRequest, metrics_path: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env.pop("RAY_ADDRESS", None)  # never join a stray cluster: ray.init() honours it (reference/verl.md 4)
+    env.update({"VERL_FILE_LOGGER_PATH": str(metrics_path), "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1",
+                "HYDRA_FULL_ERROR": "1"})
+    if request.candidate.cuda_device_max_connections:
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = str(request.candidate.cuda_device_max_connections)
+    return env
+
+
+def train_command(config_path: Path, extra_overrides: list[str], *, python: str = sys.executable) -> list[str]:
+    """The full training launch for an exported best.yaml (`autotune train`)."""
+    config_path = Path(config_path).resolve()
+    return [python, "-m", "verl.trainer.main_ppo", f"--config-path={config_path.parent}",
+            f"--config-name={config_path.stem}", *extra_overrides]
+
+
+class _StepStream:
+    """Collects steps from the JSONL file (preferred) and console lines (fallback), reports new ones."""
+
+    def __init__(self, metrics_path: Path, request: ProbeRequest, report: StepReporter) -> None:
+        self.tail = JsonlTail(metrics_path)
+        self.request = request
+        self.report = report
+        self.steps: dict[int, StepMetrics] = {}
+        self.arrived_s: dict[int, float] = {}
+        self.pruned_at: tuple[int, float] | None = None
+
+    def on_output(self, line: str) -> bool:
+        found = [s for s in (parse_console_line(line),) if s is not None] + self.tail.read_new()
+        return self._add(found)
+
+    def poll(self) -> bool:
+        """Called by the watchdog: read the JSONL file even when the console is quiet; True to stop."""
+        self._add(self.tail.read_new())
+        return self.pruned_at is not None
+
+    def _add(self, found: list[StepMetrics]) -> bool:
+        progress = False
+        for step in found:
+            if step.step < 1:
+                continue
+            known = self.steps.get(step.step)
+            self.steps[step.step] = StepMetrics(step.step, {**(known.metrics if known else {}), **step.metrics})
+            if known is None:
+                progress = True
+                self.arrived_s[step.step] = time.monotonic()
+                self._report(step)
+        return progress
+
+    def _report(self, step: StepMetrics) -> None:
+        if step.step <= self.request.warmup_steps or self.pruned_at is not None:
+            return
+        tokens_per_s = step.metrics.get(THROUGHPUT_KEY)
+        if tokens_per_s is not None and self.report(step.step, tokens_per_s):
+            self.pruned_at = (step.step, tokens_per_s)
+
+
+class VerlRunner(ProbeRunner):
+    name: ClassVar[str] = "verl"
+    simulated: ClassVar[bool] = False
+
+    def __init__(self, limits: ProbeLimits | None = None, python: str = sys.executable,
+                 env: dict[str, str] | None = None) -> None:
+        self.limits = limits or ProbeLimits()
+        self.python = python
+        self.base_env = env
+
+    def unsupported(self, candidate, workload) -> str | None:
+        if self.python == sys.executable:  # another interpreter's packages are not visible from here
+            return knob_package_missing(candidate)
+        return None
+
+    def held_off(self) -> dict:
+        return knobs_held_off() if self.python == sys.executable else {}
+
+    def measurable_choices(self) -> dict[str, tuple]:
+        """Without megatron-core where the probe runs, verl's Megatron engine cannot start (its worker imports
+        megatron.core at module level: verl/workers/engine/megatron/transformer_impl.py:23): every Megatron probe
+        would end the study with an environment error, so only the FSDP engines are proposed."""
+        if self.python != sys.executable or _module_present("megatron.core"):
+            return {}
+        return {"actor_engine": ("fsdp", "fsdp2")}
+
+    def probe(self, request: ProbeRequest, report: StepReporter) -> ProbeResult:
+        argv, env, metrics_path = probe_command(request, python=self.python)
+        if self.base_env is not None:
+            env = probe_env(request, metrics_path, base=self.base_env)
+        stream = _StepStream(metrics_path, request, report)
+        log_path = Path(request.run_dir).resolve() / "probe.log"
+        with GpuMonitor(interval_s=1.0) as monitor:
+            outcome = run_in_process_group(argv, env=env, cwd=Path(request.run_dir).resolve(), log_path=log_path,
+                                           deadline_s=self.limits.deadline_s,
+                                           idle_timeout_s=self.limits.idle_timeout_s, on_output=stream.on_output,
+                                           should_stop=stream.poll, kill_grace_s=self.limits.kill_grace_s,
+                                           pgid_file=Path(request.run_dir).resolve() / PGID_FILE)
+        stream.poll()
+        if stream.pruned_at is not None:
+            raise ProbePruned(*stream.pruned_at)
+        steps = [stream.steps[k] for k in sorted(stream.steps)]
+        if outcome.returncode != 0 or outcome.hung or outcome.timed_out:
+            raise_failure(outcome, log_path)
+        try:
+            summary = summarize(steps, request.warmup_steps)
+        except ValueError as exc:
+            raise ProbeCrashed(f"verl exited 0 but logged no usable step: {exc} (log: {log_path})") from None
+        windows = [phase_windows(stream.arrived_s[s.step], {k.removeprefix("timing_s/"): v
+                                                          for k, v in s.metrics.items() if k.startswith("timing_s/")})
+                   for s in steps if s.step in stream.arrived_s]
+        extra = {"log_path": str(log_path), "reserved_mem_gib": summary.reserved_mem_gib,
+                 "probe_wall_s": outcome.wall_s}
+        if monitor.available:
+            extra["gpu_samples"] = summarize_samples(monitor.samples)
+            extra["idle_fraction_by_phase"] = idle_fraction_by_phase(monitor.samples, windows)
+        return ProbeResult(tokens_per_s_per_gpu=summary.tokens_per_s_per_gpu, mfu=summary.mfu_actor,
+                           peak_mem_gib=summary.peak_mem_gib or 0.0, step_s=summary.step_s,
+                           phase_s=summary.phase_s, simulated=False, series=summary.series, extra=extra)
+
+
+def _module_present(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a missing parent package (megatron for megatron.core)
+        return False
+
+
+def _log_tail(log_path: Path) -> str:
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(f.tell() - LOG_TAIL_CHARS, 0))
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def raise_failure(outcome: ProcessOutcome, log_path: Path) -> None:
+    """Turn a non-success into the exception the driver records; only GPU memory feeds the constraint."""
+    failure = classify_failure(outcome.returncode, _log_tail(log_path), hung=outcome.hung or outcome.timed_out,
+                               interrupted=outcome.interrupted)
+    where = f" (phase {failure.phase})" if failure.phase else ""
+    message = f"{failure.kind.value}{where}: {failure.message} [log: {log_path}]"
+    if failure.is_gpu_memory:
+        kv = failure.kind is FailureKind.KV_CACHE_TOO_SMALL
+        raise ProbeOOM(message, phase=failure.phase or ("rollout" if kv else None), over_gib=failure.requested_gib,
+                       kind=failure.kind.value)
+    if failure.kind is FailureKind.CONFIG_REJECTED:
+        raise ProbeRejected(message)
+    if failure.kind is FailureKind.ENVIRONMENT:
+        raise ProbeEnvironmentError(message)
+    if failure.kind is FailureKind.HANG:
+        raise ProbeTimeout(message)
+    raise ProbeCrashed(message)  # NCCL, host OOM, killed from outside, unknown: not the candidate's memory
