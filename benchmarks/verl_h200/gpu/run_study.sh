@@ -1,10 +1,11 @@
 #!/bin/bash
 # ON the GPU machine after setup.sh, started detached (setsid) so that it outlives one call: the autotune study
 # of run_tiny_grpo.sh with real verl, then `autotune train` on its best.yaml for 2 steps, then the torch
-# backend on the same job. Everything lands in $RES (/tmp/res), tarred by collect.sh. Env: SEED (default 1)
+# backend on the same job (TORCH=0 skips it). Everything lands in $RES (/tmp/res), tarred by collect.sh.
+# Env: SEED (default 1), TUNE (default benchmarks/verl_h200/tune.yaml), TRIALS (default 12), TORCH (default 1)
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-REPO=/tmp/repo; RES=${RES:-/tmp/res}; AT=/tmp/atout; SEED=${SEED:-1}
+REPO=/tmp/repo; RES=${RES:-/tmp/res}; AT=/tmp/atout; SEED=${SEED:-1}; TUNE=${TUNE:-benchmarks/verl_h200/tune.yaml}; TRIALS=${TRIALS:-12}; TORCH=${TORCH:-1}
 rm -rf "$REPO" && cp -r "$HERE/../../.." "$REPO" && rm -rf "$REPO/.carry"
 mkdir -p "$RES"
 source "$HERE/env.sh"
@@ -14,7 +15,7 @@ stamp() { echo "=== $(date -u +%FT%TZ) $*" | tee -a "$RES/timeline.txt"; }
 { nvidia-smi; python3 -c "import torch, vllm, verl, ray, transformers, optuna; print('torch', torch.__version__, 'vllm', vllm.__version__, 'verl', verl.__version__, 'ray', ray.__version__, 'transformers', transformers.__version__, 'optuna', optuna.__version__)"; } > "$RES/versions.txt" 2>&1
 stamp study start
 python3 -m autotune run --backend verl --from benchmarks/verl_h200/run_tiny_grpo.sh --model qwen2.5-1.5b --gpus 1 \
-    --config benchmarks/verl_h200/tune.yaml --out "$AT" --seed "$SEED" --trials 12 > "$RES/study.txt" 2>&1
+    --config "$TUNE" --out "$AT" --seed "$SEED" --trials "$TRIALS" > "$RES/study.txt" 2>&1
 echo "rc=$?" >> "$RES/study.txt"
 python3 -m autotune show --out "$AT" > "$RES/show.txt" 2>&1
 cp "$AT/best.yaml" "$AT/result.json" "$RES/" 2>/dev/null
@@ -23,10 +24,12 @@ stamp train start
 python3 -m autotune train --config "$AT/best.yaml" trainer.total_training_steps=2 > "$RES/train.txt" 2>&1
 echo "rc=$?" >> "$RES/train.txt"
 stamp train end
+if [ "$TORCH" = 1 ]; then
 stamp torch start
 python3 -m autotune run --backend torch --from benchmarks/verl_h200/run_tiny_grpo.sh --model qwen2.5-1.5b --gpus 1 \
-    --config benchmarks/verl_h200/tune.yaml --out /tmp/attorch --seed "$SEED" --trials 2 > "$RES/torch_study.txt" 2>&1
+    --config "$TUNE" --out /tmp/attorch --seed "$SEED" --trials 2 > "$RES/torch_study.txt" 2>&1
 echo "rc=$?" >> "$RES/torch_study.txt"
 python3 -m autotune show --out /tmp/attorch > "$RES/torch_show.txt" 2>&1
 stamp torch end
+fi
 stamp ALL DONE
