@@ -143,7 +143,8 @@ def visible_device_ids(environ=None) -> list[str] | None:
     return ids
 
 
-def _visible_handles(pynvml, environ=None) -> list:
+def visible_handles(pynvml, environ=None) -> list:
+    """NVML handles of the GPUs this process's CUDA sees (CUDA_VISIBLE_DEVICES by index or UUID), in CUDA's order."""
     ids = visible_device_ids(environ)
     count = pynvml.nvmlDeviceGetCount()
     if ids is None:
@@ -170,7 +171,7 @@ def detect_gpus(environ=None) -> DetectedGpus | None:
     except Exception:  # NVMLError_LibraryNotFound, driver missing: no GPU here
         return None
     try:
-        handles = _visible_handles(pynvml, environ)
+        handles = visible_handles(pynvml, environ)
         count = len(handles)
         if count == 0:
             return None

@@ -13,6 +13,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from autotune.hardware import visible_handles
+
 PHASE_ORDER = ("gen", "old_log_prob", "ref", "update_actor", "update_weights")
 IDLE_UTIL_PCT = 10.0  # below this an SM-utilization sample counts as idle
 
@@ -46,7 +48,8 @@ class GpuMonitor:
                 return self
         try:
             nvml.nvmlInit()
-            self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+            # the GPUs the probe can use (NVML ignores CUDA_VISIBLE_DEVICES; another job's GPU is not ours)
+            self._handles = visible_handles(nvml)
         except Exception:  # no driver / no GPU: monitoring is best effort
             return self
         self._nvml = nvml
@@ -105,6 +108,12 @@ def idle_fraction_by_phase(samples: Sequence[GpuSample],
             count[0] += sum(s.util_pct < IDLE_UTIL_PCT for s in inside)
             count[1] += len(inside)
     return {phase: idle / n for phase, (idle, n) in totals.items() if n}
+
+
+def device_peak_gib(samples: Sequence[GpuSample]) -> float | None:
+    """The highest memory any sampled GPU held, every process on it counted (NVML's `used`): for verl that
+    includes vLLM's weights and KV cache, which live in the rollout server's process, not the trainer's."""
+    return max((s.mem_used_gib for s in samples), default=None)
 
 
 def summarize_samples(samples: Sequence[GpuSample], max_points: int = 600) -> dict:

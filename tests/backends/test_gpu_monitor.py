@@ -3,7 +3,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from autotune.backends.gpu_monitor import (GpuMonitor, GpuSample, idle_fraction_by_phase, phase_windows,
+from autotune.backends.gpu_monitor import (GpuMonitor, GpuSample, device_peak_gib, idle_fraction_by_phase, phase_windows,
                                              summarize_samples)
 
 
@@ -68,3 +68,16 @@ def test_real_nvml_reads_the_gpu():
     with GpuMonitor(interval_s=0.05) as mon:
         time.sleep(0.3)
     assert mon.available and mon.samples and all(s.mem_used_gib >= 0 for s in mon.samples)
+
+
+def test_monitor_samples_only_the_gpus_cuda_can_see(monkeypatch):
+    # NVML ignores CUDA_VISIBLE_DEVICES (Slurm, containers): another job's GPU must not count as the probe's
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    with GpuMonitor(interval_s=0.01, nvml=FakeNvml([90, 5])) as mon:
+        time.sleep(0.05)
+    assert mon.available and {s.mem_used_gib for s in mon.samples} == {11.0}
+
+
+def test_device_peak_is_the_highest_memory_any_gpu_held():
+    samples = [GpuSample(t, gpu, 50.0, used) for t, gpu, used in [(0, 0, 3.0), (1, 0, 89.8), (1, 1, 40.0), (2, 0, 20.0)]]
+    assert device_peak_gib(samples) == 89.8 and device_peak_gib([]) is None

@@ -20,7 +20,8 @@ from typing import ClassVar
 
 from autotune.errors import (ProbeCrashed, ProbeEnvironmentError, ProbeOOM, ProbeRejected, ProbeTimeout)
 from autotune.backends.base import ProbePruned, ProbeRequest, ProbeResult, ProbeRunner, StepReporter
-from autotune.backends.gpu_monitor import GpuMonitor, idle_fraction_by_phase, phase_windows, summarize_samples
+from autotune.backends.gpu_monitor import (GpuMonitor, device_peak_gib, idle_fraction_by_phase, phase_windows,
+                                          summarize_samples)
 from autotune.backends.process import ProcessOutcome, run_in_process_group
 from autotune.backends.select import knob_package_missing, knobs_held_off
 from autotune.verl.failures import FailureKind, classify_failure
@@ -188,12 +189,20 @@ class VerlRunner(ProbeRunner):
                                                           for k, v in s.metrics.items() if k.startswith("timing_s/")})
                    for s in steps if s.step in stream.arrived_s]
         extra = {"log_path": str(log_path), "reserved_mem_gib": summary.reserved_mem_gib,
-                 "probe_wall_s": outcome.wall_s}
+                 "verl_max_allocated_gib": summary.peak_mem_gib, "probe_wall_s": outcome.wall_s}
+        # The probe's peak is the device's, as the memory model predicts it and as an OOM sees it. verl's
+        # perf/max_memory_allocated_gb is the trainer process alone: vLLM's weights and KV cache live in the
+        # rollout server's process (H200 study 2026-12-03: verl said 28.8 GiB, the GPU held 89.8).
+        peak_mem_gib = summary.peak_mem_gib or 0.0
+        extra["peak_source"] = "verl max allocated (trainer process only; no NVML)"
         if monitor.available:
             extra["gpu_samples"] = summarize_samples(monitor.samples)
             extra["idle_fraction_by_phase"] = idle_fraction_by_phase(monitor.samples, windows)
+            device_peak = device_peak_gib(monitor.samples)
+            if device_peak is not None:
+                peak_mem_gib, extra["peak_source"] = device_peak, "NVML used memory of the GPU, every process"
         return ProbeResult(tokens_per_s_per_gpu=summary.tokens_per_s_per_gpu, mfu=summary.mfu_actor,
-                           peak_mem_gib=summary.peak_mem_gib or 0.0, step_s=summary.step_s,
+                           peak_mem_gib=peak_mem_gib, step_s=summary.step_s,
                            phase_s=summary.phase_s, simulated=False, series=summary.series, extra=extra)
 
 

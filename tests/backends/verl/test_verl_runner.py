@@ -9,6 +9,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -67,6 +68,30 @@ def test_probe_config_composes_with_verl_and_the_limits_arrive(tmp_path, cand):
     assert list(select(cfg, "trainer.logger")) == ["console", "file"]
     assert select(cfg, "actor_rollout_ref.rollout.ignore_eos") is True
     assert select(cfg, "ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH") == str(metrics)
+
+
+def test_the_probe_peak_is_the_gpus_not_only_the_trainers(tmp_path, monkeypatch):
+    """verl's max_memory_allocated is the trainer process; vLLM's pool lives in another process. With NVML the
+    probe reports the device's peak (real H200 study 2026-12-03: verl 28.8 GiB, the GPU 89.8 GiB)."""
+    from autotune.backends import gpu_monitor
+    from autotune.backends.verl import runner as verl_runner
+    class FakeNvml:  # TEST DOUBLE of pynvml: two GPUs holding 10 and 11 GiB
+        nvmlInit = nvmlShutdown = staticmethod(lambda: None)
+        nvmlDeviceGetCount = staticmethod(lambda: 2)
+        nvmlDeviceGetHandleByIndex = staticmethod(lambda i: i)
+        nvmlDeviceGetUtilizationRates = staticmethod(lambda h: SimpleNamespace(gpu=80))
+        nvmlDeviceGetMemoryInfo = staticmethod(lambda h: SimpleNamespace(used=(10 + h) * 2**30))
+
+    class FakeMonitor(gpu_monitor.GpuMonitor):
+        def __init__(self, interval_s=1.0):
+            super().__init__(interval_s=0.01, nvml=FakeNvml())
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(verl_runner, "GpuMonitor", FakeMonitor)
+    result = _runner("ok").probe(_request(tmp_path), lambda step, tps: False)
+    assert result.peak_mem_gib == pytest.approx(11.0)
+    assert result.extra["verl_max_allocated_gib"] == pytest.approx(43.0)
+    assert result.extra["peak_source"].startswith("NVML")
 
 
 def test_successful_probe_scores_the_median_of_timed_steps(tmp_path):
