@@ -62,7 +62,7 @@ MI300X = GpuSpec(name="MI300X", peak_bf16_flops=1307.4e12, mem_gib=192e9 / 2**30
 EXTRA_GPUS = {"GB200": GB200, "MI300X": MI300X}
 NVLINK_DOMAIN = {"H100-80GB": 8, "GB200": 72}
 # (section, field, grid): the constants fitted here, none per row
-FITTED = [("rollout", "decode_hbm_efficiency", [0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.75]),
+FITTED = [("rollout", "decode_hbm_efficiency", [0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.75]),
           ("rollout", "decode_step_overhead_s", [0.004, 0.008, 0.012, 0.016, 0.02, 0.03])]
 
 
