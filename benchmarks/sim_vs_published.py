@@ -201,27 +201,26 @@ def main() -> int:
           + ")")
     print("phase rows: mean response inferred from the published old_log_prob (matched by construction)")
     print(f"\n{'run':28s} {'GPUs':>10s} {'resp mean/max':>13s} {'published s':>11s} {'sim s':>8s} {'ratio':>6s} "
-          f"{'prior':>6s}  phases: published / sim (s)")
-    fitted_ratios = []
-    for row, r0 in zip(rows, prior):
-        step = estimate_step_time(*row["job"], constants=k_fit)
+          f"{'fitted':>6s} {'prior':>6s}  phases: published / sim (s)")
+    print("(sim s, ratio and phases: committed constants; fitted: refitted on all rows; prior: before any fit)")
+    fitted_ratios = ratios(rows, k_fit)
+    for row, r0, r1, rf in zip(rows, prior, default, fitted_ratios):
+        step = estimate_step_time(*row["job"])
         workload = row["job"][2]
-        r1 = step.step_s / row["published"]["step_s"]
-        fitted_ratios.append(r1)
         pub = {p[:-2]: v for p, v in row["published"].items() if p.endswith("_s") and p != "step_s"}
         cells = [f"{p} {pub[p]:.0f}/{v:.0f}" if p in pub else f"{p} -/{v:.0f}" for p, v in step.phase_s.items()]
         print(f"{row['id']:28s} {row['gpus']:4d} {row['gpu'][:5]:5s} {workload.response_mean:6.0f}/"
               f"{workload.max_response_length:<6d} {row['published']['step_s']:11.1f} {step.step_s:8.1f} {r1:6.2f} "
-              f"{r0:6.2f}  " + ", ".join(cells))
+              f"{rf:6.2f} {r0:6.2f}  " + ", ".join(cells))
     for rid in missing:
         print(f"{rid}: no mean response length reproduces the published old_log_prob (the sim is faster even with every "
               "response at the max): priced at the max")
     print()
     print(summary("priors (before the fit)   ", prior))
     print(summary("committed constants       ", default))
-    print(summary("fitted on all rows (above)", fitted_ratios))
-    for kind, label in (("nemo", "NeMo-RL rows (fitted)     "), ("phase", "phase rows (fitted)       ")):
-        print(summary(label, [r for r, row in zip(fitted_ratios, rows) if row["kind"] == kind]))
+    print(summary("fitted on all rows        ", fitted_ratios))
+    for kind, label in (("nemo", "NeMo-RL rows (committed)  "), ("phase", "phase rows (committed)    ")):
+        print(summary(label, [r for r, row in zip(default, rows) if row["kind"] == kind]))
     leave_out(rows, "source")
     leave_out(rows, "publisher")
     print("\nphase rows' assumptions (the data file has the rest):")
