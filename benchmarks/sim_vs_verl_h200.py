@@ -26,7 +26,8 @@ from autotune.workload import Workload
 METRICS = Path(__file__).parent / "results" / "h200-2026-12-03-verl" / "trial0-metrics.jsonl"
 
 
-def main() -> int:
+def compare() -> tuple[dict, object]:
+    """(verl's metrics of step 2, the sim's StepTime for that job)."""
     steps = [json.loads(line) for line in METRICS.read_text().splitlines() if line.strip()]
     m = steps[-1].get("data", steps[-1])  # step 2: step 1 includes warm-up
     workload = Workload(train_batch_size=32, ppo_mini_batch_size=16, rollout_n=4, max_prompt_length=256,
@@ -35,7 +36,11 @@ def main() -> int:
                      ref_log_prob_micro_batch_size_per_gpu=8, gradient_checkpointing=True, gpu_memory_utilization=0.5,
                      use_remove_padding=False, rollout_tp=1, max_num_seqs=256, max_num_batched_tokens=8192)
     layout = ParallelLayout.of(cand, workload, gpus_per_node=1, nodes=1)
-    step = estimate_step_time(get_model("qwen2.5-1.5b"), get_gpu("H200"), workload, cand, layout)
+    return m, estimate_step_time(get_model("qwen2.5-1.5b"), get_gpu("H200"), workload, cand, layout)
+
+
+def main() -> int:
+    m, step = compare()
     print(f"real verl step 2 ({METRICS.relative_to(Path(__file__).parents[1])}) against the sim:")
     print(f"{'':16s} {'measured':>9s} {'sim':>9s} {'sim/meas':>9s}")
     for phase in ("gen", "old_log_prob", "ref", "update_actor", "update_weights"):
