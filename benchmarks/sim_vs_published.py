@@ -3,10 +3,13 @@
     python benchmarks/sim_vs_published.py > benchmarks/results/sim_vs_published.txt
 
 Data: benchmarks/data/published_grpo_runs.yaml (every number read in the cited source; source URL per run).
-Each run is mapped to a verl-style job (Megatron training, vLLM rollout, colocated) and the model predicts one
-synchronous step. Printed: predicted / published step time per run, the published phases where the source
-gives them, the median and range of the ratio, and leave-one-source-out: the fitted constants refitted without
-a source, then that source predicted.
+Each run is mapped to a verl-style job (colocated, vLLM-style rollout) and the model predicts one synchronous
+step. Two kinds of rows: NeMo-RL's (step time and mean sequence length published, the mapping below) and runs
+with published phase times but no mean response length (verl's docs, LMSYS/AMD's Miles blog: each row's job is
+read from its experiment script, in the data file; the mean is inferred from the published old_log_prob, which the
+fitted constants do not touch). Printed: predicted / published step time per run, every published phase against
+the sim's, the median and range of the ratio over all rows and per kind, and leave-one-source-out and
+leave-one-publisher-out: the fitted constants refitted without a source (publisher), then its rows predicted.
 
 Mapping assumptions (not read in the sources; stated so they can be checked):
 - generations per prompt 16 (NeMo-RL's GRPO default, grpo_math_1B.yaml num_generations_per_prompt), so
@@ -19,7 +22,10 @@ Mapping assumptions (not read in the sources; stated so they can be checked):
   for the KL term);
 - GB200 (not in autotune's GPU table): 2.5e15 dense bf16 FLOP/s, 186 GB HBM3e at 8 TB/s, NVLink 5 at 900 GB/s
   per direction across the NVL72 rack (one NVLink domain of 72 GPUs), NVLink-C2C to the Grace host
-  (https://www.nvidia.com/en-us/data-center/gb200-nvl72/).
+  (https://www.nvidia.com/en-us/data-center/gb200-nvl72/);
+- MI300X (not in autotune's GPU table): 1307.4e12 dense bf16 FLOP/s, 192 GB HBM3 at 5.3 TB/s, Infinity Fabric
+  7 links x 64 GB/s per direction to the node's other GPUs, PCIe 5 x16 to the host
+  (https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html).
 
 Fitted constants (few, physical, on every row unless left out): see FITTED below.
 """
@@ -50,9 +56,13 @@ VLLM_SHARE = 0.6
 GB200 = GpuSpec(name="GB200", peak_bf16_flops=2.5e15, mem_gib=186e9 / 2**30, hbm_bytes_per_s=8.0e12,
                 intra_node_bytes_per_s=900e9, inter_node_bytes_per_s=50e9, host_link_bytes_per_s=450e9,
                 source="https://www.nvidia.com/en-us/data-center/gb200-nvl72/")
+MI300X = GpuSpec(name="MI300X", peak_bf16_flops=1307.4e12, mem_gib=192e9 / 2**30, hbm_bytes_per_s=5.3e12,
+                 intra_node_bytes_per_s=7 * 64e9, inter_node_bytes_per_s=50e9, host_link_bytes_per_s=64e9,
+                 source="https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html")
+EXTRA_GPUS = {"GB200": GB200, "MI300X": MI300X}
 NVLINK_DOMAIN = {"H100-80GB": 8, "GB200": 72}
 # (section, field, grid): the constants fitted here, none per row
-FITTED = [("rollout", "decode_hbm_efficiency", [0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.75]),
+FITTED = [("rollout", "decode_hbm_efficiency", [0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.75]),
           ("rollout", "decode_step_overhead_s", [0.004, 0.008, 0.012, 0.016, 0.02, 0.03])]
 
 
@@ -61,7 +71,7 @@ PRIORS = {("rollout", "decode_hbm_efficiency"): 0.75, ("rollout", "decode_step_o
 
 
 def gpu_of(name: str) -> GpuSpec:
-    return GB200 if name == "GB200" else get_gpu(name)
+    return EXTRA_GPUS[name] if name in EXTRA_GPUS else get_gpu(name)
 
 
 def job(run: dict) -> tuple:
@@ -94,12 +104,8 @@ def with_constants(values: dict) -> ModelConstants:
     return k
 
 
-def ratios(runs: list[dict], k: ModelConstants) -> list[float]:
-    out = []
-    for run in runs:
-        model, gpu, workload, cand, layout = job(run)
-        out.append(estimate_step_time(model, gpu, workload, cand, layout, constants=k).step_s / run["published"]["step_s"])
-    return out
+def ratios(rows: list[dict], k: ModelConstants) -> list[float]:
+    return [estimate_step_time(*row["job"], constants=k).step_s / row["published"]["step_s"] for row in rows]
 
 
 def fit(runs: list[dict]) -> dict:
@@ -120,30 +126,23 @@ def summary(label: str, rs: list[float]) -> str:
             f"{sum(0.5 <= r <= 2.0 for r in rs)}/{len(rs)}")
 
 
-# verl's DAPO 7B experiment script (phase_sources in the data file): everything but the GPU count
-DAPO_7B = dict(max_prompt_length=2048, max_response_length=28672, train_batch_size=512, rollout_n=16,
-               ppo_mini_batch_size=32, use_kl_loss=False)
-DAPO_7B_CANDIDATE = dict(actor_engine="fsdp2", ulysses_sp=4, rollout_tp=4, gpu_memory_utilization=0.8,
-                         use_dynamic_bsz=True, ppo_max_token_len_per_gpu=61440, log_prob_max_token_len_per_gpu=92160,
-                         param_offload=True, optimizer_offload=True, ref_param_offload=True,
-                         max_num_batched_tokens=30720, enable_chunked_prefill=True, gradient_checkpointing=True)
-DAPO_PROMPT_FILL = 0.1  # assumed: DAPO-Math-17k prompts of ~200 tokens against the 2048 cap
-
-
 def phase_job(run: dict, mean_response: float) -> tuple:
-    model = get_model(run["model"])
-    workload = Workload(**DAPO_7B, prompt_fill=DAPO_PROMPT_FILL, mean_response_length=mean_response)
-    cand = Candidate(**DAPO_7B_CANDIDATE)
-    layout = ParallelLayout.of(cand, workload, gpus_per_node=8, nodes=run["gpus"] // 8)
-    return model, gpu_of(run["gpu"]), workload, cand, layout
+    """(model, gpu, workload, candidate, layout) of a phase run at this mean response length."""
+    spec = run["job"]
+    workload = Workload(**spec["workload"], mean_response_length=mean_response)
+    cand = Candidate(**spec["candidate"])
+    per_node = min(run["gpus"], 8)
+    layout = ParallelLayout.of(cand, workload, gpus_per_node=per_node, nodes=run["gpus"] // per_node)
+    return get_model(spec["model"]), gpu_of(spec["gpu"]), workload, cand, layout
 
 
 def implied_mean(run: dict) -> float | None:
     """The mean response length at which the predicted old_log_prob equals the published one (bisection: the
-    forward pass grows with the tokens), or None when no length in (0, max] gives it."""
+    forward pass grows with the tokens), or None when no length in (0, max] gives it. The forward pass depends on
+    none of the FITTED (decode) constants, so the committed ones give the same mean as any grid point."""
     def old_log_prob(mean: float) -> float:
         return estimate_step_time(*phase_job(run, mean)).phase_s["old_log_prob"]
-    lo, hi = 16.0, float(DAPO_7B["max_response_length"])
+    lo, hi = 16.0, float(run["job"]["workload"]["max_response_length"])
     target = run["published"]["old_log_prob_s"]
     if not old_log_prob(lo) <= target <= old_log_prob(hi):
         return None
@@ -153,69 +152,81 @@ def implied_mean(run: dict) -> float | None:
     return (lo + hi) / 2
 
 
-def phase_rows(doc: dict) -> None:
-    runs = doc.get("phase_runs") or []
-    if not runs:
-        return
-    print("\nverl runs with published phases but no published mean response length: the mean is inferred from the "
-          "published old_log_prob,\nthen gen, update_actor and the step are predictions (committed constants):")
-    for name, src in doc["phase_sources"].items():
-        print(f"  {name}: {src['url']}\n    configuration: {src['script']}")
-    for run in runs:
-        mean = implied_mean(run)
+def rows_of(doc: dict) -> tuple[list[dict], list[str]]:
+    """(rows, ids of phase runs no mean reproduces). A row: id, source, publisher, kind, job, published. A phase run
+    whose published old_log_prob no mean length reproduces is priced with every response at the max (the most the
+    model can give it) and named in the second list."""
+    rows = [dict(id=r["id"], source=r["source"], publisher="nemo-rl", kind="nemo", job=job(r),
+                 published=r["published"], gpus=r["gpus"], gpu=r["gpu"]) for r in doc["runs"]]
+    missing = []
+    for r in doc.get("phase_runs") or []:
+        mean = implied_mean(r)
         if mean is None:
-            print(f"  {run['id']}: no mean response length reproduces old_log_prob {run['published']['old_log_prob_s']} s")
-            continue
-        step = estimate_step_time(*phase_job(run, mean))
-        pub = run["published"]
-        cells = [f"{ph} {pub[ph + '_s']:.0f} sim {step.phase_s[ph]:.0f} ({step.phase_s[ph] / pub[ph + '_s']:.2f})"
-                 for ph in ("gen", "update_actor")]
-        print(f"  {run['id']:22s} implied mean response {mean:6.0f}: " + ", ".join(cells)
-              + f", step {pub['step_s']:.0f} sim {step.step_s:.0f} ({step.step_s / pub['step_s']:.2f})")
+            missing.append(r["id"])
+            mean = float(r["job"]["workload"]["max_response_length"])
+        rows.append(dict(id=r["id"], source=r["source"], publisher=doc["phase_sources"][r["source"]]["publisher"],
+                         kind="phase", job=phase_job(r, mean), published=r["published"], gpus=r["gpus"],
+                         gpu=r["job"]["gpu"], implied_mean=mean, assumed=r["job"].get("assumed", "")))
+    return rows, missing
+
+
+def leave_out(rows: list[dict], key: str) -> list[float]:
+    out = []
+    print(f"\nleave-one-{key}-out (constants fitted without the {key}, then its rows predicted):")
+    for group in dict.fromkeys(r[key] for r in rows):
+        held = [r for r in rows if r[key] == group]
+        values = fit([r for r in rows if r[key] != group])
+        rs = ratios(held, with_constants(values))
+        out += rs
+        print(f"  {group:26s} fitted " + ", ".join(f"{n} {v}" for (_, n), v in values.items())
+              + f": ratios {', '.join(f'{r:.2f}' for r in rs)}")
+    print(summary(f"leave-one-{key}-out", out))
+    return out
 
 
 def main() -> int:
     doc = yaml.safe_load(DATA.read_text())
-    runs = doc["runs"]
-    print(f"{len(runs)} published GRPO runs from {len(doc['sources'])} sources ({DATA.name}):")
-    for name, src in doc["sources"].items():
+    rows, missing = rows_of(doc)
+    sources = {**doc["sources"], **doc["phase_sources"]}
+    print(f"{len(rows)} published GRPO runs from {len(sources)} sources of "
+          f"{len(set(r['publisher'] for r in rows))} publishers ({DATA.name}):")
+    for name, src in sources.items():
         print(f"  {name}: {src['url']}")
-    prior = ratios(runs, with_constants(PRIORS))
-    default = ratios(runs, DEFAULT_CONSTANTS)
-    fitted = fit(runs)
+    prior = ratios(rows, with_constants(PRIORS))
+    default = ratios(rows, DEFAULT_CONSTANTS)
+    fitted = fit(rows)
     k_fit = with_constants(fitted)
     print("\nfitted on all rows: " + ", ".join(f"{s}.{n} = {v}" for (s, n), v in fitted.items())
-          + "  (defaults: " + ", ".join(f"{s}.{n} = {getattr(getattr(DEFAULT_CONSTANTS, s), n)}" for s, n, _ in FITTED)
+          + "  (committed: " + ", ".join(f"{s}.{n} = {getattr(getattr(DEFAULT_CONSTANTS, s), n)}" for s, n, _ in FITTED)
           + ")")
-    print(f"\n{'run':28s} {'GPUs':>9s} {'resp mean/max':>13s} {'published s':>11s} {'sim s':>8s} {'ratio':>6s} "
-          f"{'prior':>6s}  sim phases (s)")
-    fitted_ratios = []
-    for run, r0 in zip(runs, prior):
-        model, gpu, workload, cand, layout = job(run)
-        step = estimate_step_time(model, gpu, workload, cand, layout, constants=k_fit)
-        r1 = step.step_s / run["published"]["step_s"]
-        fitted_ratios.append(r1)
-        phases = ", ".join(f"{p} {v:.0f}" for p, v in step.phase_s.items())
-        published_phases = {p: v for p, v in run["published"].items() if p not in ("step_s", "tokens_per_s_per_gpu")}
-        print(f"{run['id']:28s} {run['gpus']:4d} {run['gpu'][:4]:4s} {workload.response_mean:6.0f}/{workload.max_response_length:<6d}"
-              f" {run['published']['step_s']:11.1f} {step.step_s:8.1f} {r1:6.2f} {r0:6.2f}  {phases}"
-              + (f"; published phases {published_phases}" if published_phases else "; published: step only"))
+    print("phase rows: mean response inferred from the published old_log_prob (matched by construction)")
+    print(f"\n{'run':28s} {'GPUs':>10s} {'resp mean/max':>13s} {'published s':>11s} {'sim s':>8s} {'ratio':>6s} "
+          f"{'fitted':>6s} {'prior':>6s}  phases: published / sim (s)")
+    print("(sim s, ratio and phases: committed constants; fitted: refitted on all rows; prior: before any fit)")
+    fitted_ratios = ratios(rows, k_fit)
+    for row, r0, r1, rf in zip(rows, prior, default, fitted_ratios):
+        step = estimate_step_time(*row["job"])
+        workload = row["job"][2]
+        pub = {p[:-2]: v for p, v in row["published"].items() if p.endswith("_s") and p != "step_s"}
+        cells = [f"{p} {pub[p]:.0f}/{v:.0f}" if p in pub else f"{p} -/{v:.0f}" for p, v in step.phase_s.items()]
+        print(f"{row['id']:28s} {row['gpus']:4d} {row['gpu'][:5]:5s} {workload.response_mean:6.0f}/"
+              f"{workload.max_response_length:<6d} {row['published']['step_s']:11.1f} {step.step_s:8.1f} {r1:6.2f} "
+              f"{rf:6.2f} {r0:6.2f}  " + ", ".join(cells))
+    for rid in missing:
+        print(f"{rid}: no mean response length reproduces the published old_log_prob (the sim is faster even with every "
+              "response at the max): priced at the max")
     print()
-    print(summary("priors (before this fit)  ", prior))
+    print(summary("priors (before the fit)   ", prior))
     print(summary("committed constants       ", default))
-    print(summary("fitted on all rows (above)", fitted_ratios))
-    loso = []
-    print("\nleave-one-source-out (constants fitted without the source, then its rows predicted):")
-    for source in doc["sources"]:
-        held = [r for r in runs if r["source"] == source]
-        rest = [r for r in runs if r["source"] != source]
-        values = fit(rest)
-        rs = ratios(held, with_constants(values))
-        loso += rs
-        print(f"  {source:22s} fitted " + ", ".join(f"{n} {v}" for (_, n), v in values.items())
-              + f": ratios {', '.join(f'{r:.2f}' for r in rs)}")
-    print(summary("leave-one-source-out", loso))
-    phase_rows(doc)
+    print(summary("fitted on all rows        ", fitted_ratios))
+    for kind, label in (("nemo", "NeMo-RL rows (committed)  "), ("phase", "phase rows (committed)    ")):
+        print(summary(label, [r for r, row in zip(default, rows) if row["kind"] == kind]))
+    leave_out(rows, "source")
+    leave_out(rows, "publisher")
+    print("\nphase rows' assumptions (the data file has the rest):")
+    for row in rows:
+        if row["kind"] == "phase":
+            print(f"  {row['id']}: {row['assumed']}")
     return 0
 
 

@@ -150,8 +150,27 @@ def test_the_published_runs_benchmark_meets_its_goal():
     spec = importlib.util.spec_from_file_location("sim_vs_published", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    runs = yaml.safe_load(bench.DATA.read_text())["runs"]
-    assert len(runs) >= 12 and len({r["source"] for r in runs}) >= 3 and len({r["gpu"] for r in runs}) >= 2
-    ratios = bench.ratios(runs, DEFAULT_CONSTANTS)
-    assert 0.8 <= statistics.median(ratios) <= 1.25  # docs/model.md: median 0.98
+    rows, _ = bench.rows_of(yaml.safe_load(bench.DATA.read_text()))
+    # issue 16's bar: >= 12 runs, >= 3 sources of >= 3 publishers, >= 2 GPU types, dense and MoE
+    assert len(rows) >= 12 and len({r["source"] for r in rows}) >= 3 and len({r["gpu"] for r in rows}) >= 2
+    assert len({r["publisher"] for r in rows}) >= 3
+    assert {r["job"][0].is_moe for r in rows} == {True, False}
+    ratios = bench.ratios(rows, DEFAULT_CONSTANTS)
+    assert 0.8 <= statistics.median(ratios) <= 1.25  # docs/model.md: median 0.99 over 20 rows
     assert all(0.5 <= r <= 2.0 for r in ratios)
+
+
+def test_the_real_verl_step_phases_that_set_the_host_constants():
+    """verl 0.9.1 on one H200 (benchmarks/results/h200-2026-12-03-verl): the forward, reference and update passes
+    and the weight sync, whose host constants (calibration.py) were measured on this step, stay within 25%; gen is
+    the known gap (vLLM enforce_eager, not priced: docs/model.md) and is not asserted."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "benchmarks" / "sim_vs_verl_h200.py"
+    spec = importlib.util.spec_from_file_location("sim_vs_verl_h200", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    measured, step = bench.compare()
+    for phase in ("old_log_prob", "ref", "update_actor", "update_weights"):
+        assert 0.75 <= step.phase_s[phase] / measured[f"timing_s/{phase}"] <= 1.25, phase
