@@ -21,11 +21,9 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from autotune.hardware import get_gpu
-from autotune.model.calibration import DEFAULT_CONSTANTS
 from autotune.models import get_model
 from autotune.model.cost import estimate_step_time
 from autotune.model.host_memory import estimate_host_memory
@@ -68,16 +66,13 @@ STUDIES = [
 # single probes: (result file, model, workload, note)
 SINGLE = [(SESSION4 / "probe_7b_one.txt", "qwen2.5-7b", STUDY_32, "current log-prob backward" + GREEDY)]
 H200 = get_gpu("H200")
-# the torch probe runs its own FSDP2 loop, not verl's engine: without verl's per-micro-batch host work
-# (calibration.py SystemConstants.fsdp_micro_batch_host_s, measured on real verl)
-TORCH_PROBE = replace(DEFAULT_CONSTANTS, system=replace(DEFAULT_CONSTANTS.system, fsdp_micro_batch_host_s=0.0))
 
 
 def predict(model_name: str, workload: Workload, candidate: Candidate):
     model = get_model(model_name)
     layout = ParallelLayout.of(candidate, workload, gpus_per_node=1, nodes=1)
     return (estimate_memory(model, H200, workload, candidate, layout),
-            estimate_step_time(model, H200, workload, candidate, layout, constants=TORCH_PROBE))
+            estimate_step_time(model, H200, workload, candidate, layout))
 
 
 def update_rows() -> tuple[list[float], list[float]]:

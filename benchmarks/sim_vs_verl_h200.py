@@ -1,13 +1,15 @@
-"""The sim against the one real verl step (verl 0.9.1 + vLLM 0.24, one H200, 2026-12-03; no GPU needed to run this).
+"""The sim against every measured real verl probe (verl 0.9.1 + vLLM 0.24, one H200, 2026-12-03; no GPU needed).
 
     python benchmarks/sim_vs_verl_h200.py > benchmarks/results/sim_vs_verl_h200.txt
 
-Measured: step 2 of trial 0 in benchmarks/results/h200-2026-12-03-verl/trial0-metrics.jsonl (verl's timing_s/*), whose
-configuration is trial0-probe.yaml: Qwen2.5-1.5B shapes, 32 prompts x 4, prompt cap 256 (mean prompt 72 tokens,
-verl's prompt_length/mean), 512-token responses (ignore_eos), FSDP, micro 4 / log-prob 8, checkpointing, no
-remove-padding, vLLM share 0.5, rollout TP 1, enforce_eager (not a knob of the model: it prices CUDA graphs).
-calibration.py's fsdp_micro_batch_host_s and weight_sync_fixed_s were measured on this step, so those phases agree
-by construction; gen is the held-out part.
+Measured: step 2 of each measured trial in benchmarks/results/h200-2026-12-03-verl*/ (verl's timing_s/*,
+metrics.jsonl) and the GPU's peak from the study's NVML samples where the probe kept them; each trial's
+configuration is read from its probe.yaml (what verl ran). The job: Qwen2.5-1.5B shapes, 32 prompts x 4, prompt cap
+256 (verl's prompt_length/mean read per step), 512-token responses (ignore_eos), no remove-padding, rollout TP 1,
+enforce_eager (not a knob of the model: it prices CUDA graphs).
+calibration.py's weight_sync_fixed_s was measured on the FIRST study's trial 0 (*). A per-micro-batch host constant
+fitted on that row alone was dropped: the held-out probes of the second study took as long in old_log_prob with 2
+micro-batches as that row with 16 (5.3 s each), so the missing time is per token, not per micro-batch.
 """
 
 from __future__ import annotations
@@ -16,41 +18,73 @@ import json
 import sys
 from pathlib import Path
 
+import yaml
+
 from autotune.hardware import get_gpu
 from autotune.model.cost import estimate_step_time
+from autotune.model.memory import estimate_memory
 from autotune.models import get_model
 from autotune.spaces.candidate import Candidate
 from autotune.spaces.layout import ParallelLayout
 from autotune.workload import Workload
 
-METRICS = Path(__file__).parent / "results" / "h200-2026-12-03-verl" / "trial0-metrics.jsonl"
+RESULTS = Path(__file__).parent / "results"
+# (study folder, trial, GPU peak from NVML in GiB or None, whether the host constants were fitted on it)
+TRIALS = [("h200-2026-12-03-verl", 0, None, True),
+          ("h200-2026-12-03-verl-2", 0, 89.81, False),
+          ("h200-2026-12-03-verl-2", 1, 115.90, False),
+          ("h200-2026-12-03-verl-2", 2, 120.24, False)]
+PHASES = ("gen", "old_log_prob", "ref", "update_actor", "update_weights")
 
 
-def compare() -> tuple[dict, object]:
-    """(verl's metrics of step 2, the sim's StepTime for that job)."""
-    steps = [json.loads(line) for line in METRICS.read_text().splitlines() if line.strip()]
+def job_of(probe_yaml: Path, prompt_mean: float) -> tuple[Workload, Candidate]:
+    """The workload and system knobs verl ran, from the probe's own config file."""
+    cfg = yaml.safe_load(probe_yaml.read_text())
+    aro, data = cfg["actor_rollout_ref"], cfg["data"]
+    actor, rollout, model = aro["actor"], aro["rollout"], aro["model"]
+    workload = Workload(train_batch_size=data["train_batch_size"], ppo_mini_batch_size=actor["ppo_mini_batch_size"],
+                        rollout_n=rollout["n"], max_prompt_length=data["max_prompt_length"],
+                        max_response_length=data["max_response_length"],
+                        prompt_fill=prompt_mean / data["max_prompt_length"], use_kl_loss=actor["use_kl_loss"])
+    cand = Candidate(actor_engine=actor["strategy"] if actor["strategy"] != "fsdp2" else "fsdp2",
+                     ppo_micro_batch_size_per_gpu=actor["ppo_micro_batch_size_per_gpu"],
+                     log_prob_micro_batch_size_per_gpu=rollout["log_prob_micro_batch_size_per_gpu"],
+                     ref_log_prob_micro_batch_size_per_gpu=aro["ref"]["log_prob_micro_batch_size_per_gpu"],
+                     gradient_checkpointing=model["enable_gradient_checkpointing"],
+                     gpu_memory_utilization=rollout["gpu_memory_utilization"],
+                     use_remove_padding=model["use_remove_padding"], rollout_tp=rollout["tensor_model_parallel_size"],
+                     max_num_seqs=rollout["max_num_seqs"], max_num_batched_tokens=rollout["max_num_batched_tokens"])
+    return workload, cand
+
+
+def compare(folder: str, trial: int) -> tuple[dict, object, object]:
+    """(verl's metrics of step 2, the sim's StepTime, the sim's MemoryEstimate) for one trial."""
+    run = RESULTS / folder
+    steps = [json.loads(line) for line in (run / f"trial{trial}-metrics.jsonl").read_text().splitlines() if line.strip()]
     m = steps[-1].get("data", steps[-1])  # step 2: step 1 includes warm-up
-    workload = Workload(train_batch_size=32, ppo_mini_batch_size=16, rollout_n=4, max_prompt_length=256,
-                        max_response_length=512, prompt_fill=m["prompt_length/mean"] / 256, use_kl_loss=True)
-    cand = Candidate(actor_engine="fsdp", ppo_micro_batch_size_per_gpu=4, log_prob_micro_batch_size_per_gpu=8,
-                     ref_log_prob_micro_batch_size_per_gpu=8, gradient_checkpointing=True, gpu_memory_utilization=0.5,
-                     use_remove_padding=False, rollout_tp=1, max_num_seqs=256, max_num_batched_tokens=8192)
+    workload, cand = job_of(run / f"trial{trial}-probe.yaml", m["prompt_length/mean"])
     layout = ParallelLayout.of(cand, workload, gpus_per_node=1, nodes=1)
-    return m, estimate_step_time(get_model("qwen2.5-1.5b"), get_gpu("H200"), workload, cand, layout)
+    model, gpu = get_model("qwen2.5-1.5b"), get_gpu("H200")
+    return m, estimate_step_time(model, gpu, workload, cand, layout), estimate_memory(model, gpu, workload, cand, layout)
 
 
 def main() -> int:
-    m, step = compare()
-    print(f"real verl step 2 ({METRICS.relative_to(Path(__file__).parents[1])}) against the sim:")
-    print(f"{'':16s} {'measured':>9s} {'sim':>9s} {'sim/meas':>9s}")
-    for phase in ("gen", "old_log_prob", "ref", "update_actor", "update_weights"):
-        measured = m[f"timing_s/{phase}"]
-        print(f"{phase + ' s':16s} {measured:9.2f} {step.phase_s[phase]:9.2f} {step.phase_s[phase] / measured:9.2f}")
-    print(f"{'step s':16s} {m['timing_s/step']:9.2f} {step.step_s:9.2f} {step.step_s / m['timing_s/step']:9.2f}")
-    print(f"{'actor MFU':16s} {m['perf/mfu/actor']:9.3f} {step.mfu_actor:9.3f} {step.mfu_actor / m['perf/mfu/actor']:9.2f}")
-    gen_steps = m["response_length/max"]
-    print(f"gen per decode step: measured {m['timing_s/gen'] / gen_steps * 1e3:.1f} ms, sim {step.phase_s['gen'] / gen_steps * 1e3:.1f} ms"
-          " (every response 512 tokens, all 128 in one wave)")
+    print("real verl step 2 of every measured probe against the sim (sim/measured; * = weight-sync latency measured here)")
+    print(f"{'probe':28s} {'tok/s/GPU':>16s} {'step s':>16s} " + " ".join(f"{p:>15s}" for p in PHASES)
+          + f" {'GPU peak GiB':>17s}")
+    for folder, trial, nvml_peak, fitted in TRIALS:
+        m, step, mem = compare(folder, trial)
+        tps = step.tokens_per_s_per_gpu if hasattr(step, "tokens_per_s_per_gpu") else None
+        cells = [f"{m['perf/throughput']:5.0f} {tps or float('nan'):5.0f} {(tps or float('nan')) / m['perf/throughput']:4.2f}",
+                 f"{m['timing_s/step']:5.1f} {step.step_s:5.1f} {step.step_s / m['timing_s/step']:4.2f}"]
+        cells += [f"{m[f'timing_s/{p}']:4.1f} {step.phase_s[p]:4.1f} {step.phase_s[p] / m[f'timing_s/{p}']:4.2f}"
+                  for p in PHASES]
+        peak = (f"{nvml_peak:5.1f} {mem.peak_gib:5.1f} {mem.peak_gib / nvml_peak:4.2f}" if nvml_peak
+                else f"{'-':>5s} {mem.peak_gib:5.1f} {'-':>4s}")
+        print(f"{folder.removeprefix('h200-2026-12-03-') + ' trial ' + str(trial) + ('*' if fitted else ''):28s} "
+              + " ".join(f"{c:>16s}" if i < 2 else f"{c:>15s}" for i, c in enumerate(cells)) + f" {peak:>17s}")
+    print("cells: measured, sim, sim/measured. GPU peak: NVML's used memory over the probe (every process: the trainer"
+          " and vLLM's server); the first study's probes kept no NVML peak.")
     return 0
 
 

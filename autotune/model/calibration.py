@@ -142,14 +142,6 @@ class SystemConstants:
     # one H200, Qwen2.5-1.5B shapes: timing_s/update_weights 0.33 s at step 2, of which the 3 GiB transfer is
     # ~0.005 s; benchmarks/results/h200-2026-12-03-verl/trial0-metrics.jsonl). The prior was 0.5 s.
     weight_sync_fixed_s: float = 0.3
-    # verl's FSDP engine: host time per micro-batch beyond the per-layer launch floor (host_s_per_layer_pass), the
-    # same for forward-only and training micro-batches. Measured on the one real verl point (same file): the three
-    # passes exceed the modelled floor by 0.246 s per micro-batch (old_log_prob: 5.28 s for 16 micro-batches of 8,
-    # floor 1.34 s), 0.320 s (ref, same shape) and 0.216 s (update_actor: 17.67 s for 32 micro-batches of 4 with
-    # recompute, floor 10.75 s); 0.25 is their median. Not separated by profiling: that job ran without
-    # remove-padding (verl's padded branch). FSDP engines only; the torch probe does not run verl's engine, so
-    # benchmarks/sim_vs_torch_probe.py sets it to 0.
-    fsdp_micro_batch_host_s: float = 0.25
     host_link_efficiency: float = 0.8  # pinned-memory H2D/D2H of offloaded states
     host_process_gib: float = 4.0  # a worker's own host memory (CUDA context, libraries, batches)
     # FSDP2 vs FSDP1 in verl's docs (docs/perf/perf_tuning.rst, citing TorchTitan): -7% memory,

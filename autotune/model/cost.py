@@ -163,8 +163,6 @@ def _pass_parts(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candid
         # modules and FSDP's hooks, layer by layer (forward; backward counts twice; recompute once more)
         passes = 1 if forward_only else (4 if cand.gradient_checkpointing else 3)
         compute_s = max(compute_s, n_micro * model.num_layers * passes * k.throughput.host_s_per_layer_pass)
-        # plus verl's engine's own host work per micro-batch (measured on the real verl point, calibration.py)
-        compute_s += n_micro * k.system.fsdp_micro_batch_host_s
     hidden_comm, critical_comm = _parallel_comm_s(model, gpu, cand, layout, n_micro=n_micro, tok_micro=tok_micro,
                                                   workload=workload, forward_only=forward_only, k=k)
     overlapped = min(hidden_comm * k.system.comm_overlap, compute_s)

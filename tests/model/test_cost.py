@@ -6,7 +6,6 @@ Constants are refitted as probes arrive, so the tests pin directions and identit
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 
 import pytest
 
@@ -128,16 +127,10 @@ def test_checkpointing_slows_update_actor():
 def test_liger_speeds_up_every_pass_by_its_measured_factor():
     from autotune.model.calibration import THROUGHPUT
 
-    # Liger shortens GPU work; verl's per-micro-batch host time (measured on real verl) stays, so the factor shows
-    # exactly without it and diluted with it
-    gpu_only = replace(DEFAULT_CONSTANTS, system=replace(DEFAULT_CONSTANTS.system, fsdp_micro_batch_host_s=0.0))
-    plain, liger = step(DEFAULT_7B, constants=gpu_only), step(DEFAULT_7B.with_(use_liger=True), constants=gpu_only)
+    plain, liger = step(DEFAULT_7B), step(DEFAULT_7B.with_(use_liger=True))
     assert liger.mfu_actor == pytest.approx(plain.mfu_actor * THROUGHPUT.liger_throughput_factor, rel=0.05)
-    with_host, liger_with_host = step(DEFAULT_7B), step(DEFAULT_7B.with_(use_liger=True))
-    assert 1.0 < liger_with_host.mfu_actor / with_host.mfu_actor < liger.mfu_actor / plain.mfu_actor
     for phase in ("old_log_prob", "update_actor"):
         assert liger.phase_s[phase] < plain.phase_s[phase]
-        assert liger_with_host.phase_s[phase] < with_host.phase_s[phase]
     assert liger.phase_s["gen"] == plain.phase_s["gen"]  # vLLM has its own kernels
 
 
