@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import yaml
@@ -23,6 +24,7 @@ from autotune.verl.rules import check
 from autotune.workload import Workload
 
 ARO = "actor_rollout_ref"
+EXAMPLES = Path(__file__).parents[1] / "data" / "verl_examples"
 
 
 def _script(*overrides: str, model: str = "Qwen/Qwen2.5-7B-Instruct", gpus: int = 8) -> str:
@@ -275,6 +277,63 @@ def test_9_verl_accepts_the_switched_engine(script, candidate):
     candidate = candidate.with_(ppo_micro_batch_size_per_gpu=2, log_prob_micro_batch_size_per_gpu=4,
                                 ref_log_prob_micro_batch_size_per_gpu=4)
     assert _verl_verdict(job, candidate) is None
+
+
+# An optimizer key that only one engine's optimizer config declares has no counterpart in the other engine's
+# (verl/workers/config/optimizer.py: McoreOptimizerConfig vs FSDPOptimizerConfig); dropping it would change the
+# learning-rate schedule, so the search keeps the user's engine (the space does not offer the other).
+MEGATRON_OPTIM = (*MEGATRON_SCRIPT, f"{ARO}.actor.optim.lr=1e-6", f"{ARO}.actor.optim.lr_warmup_steps=10",
+                  f"{ARO}.actor.optim.lr_decay_style=cosine",
+                  f"+{ARO}.actor.optim.override_optimizer_config.optimizer_offload_fraction=1.0")
+FSDP_OPTIM = (*FSDP_SCRIPT, f"{ARO}.actor.optim.lr_scheduler_type=cosine", f"{ARO}.actor.optim.min_lr_ratio=0.1")
+SHARED_OPTIM = (*MICRO, f"{ARO}.actor.optim.lr=1e-6", f"{ARO}.actor.optim.weight_decay=0.1",
+                f"{ARO}.actor.optim.lr_warmup_steps=10", f"{ARO}.actor.optim.clip_grad=0.5")
+
+
+def _space_of(job, **kw):
+    from autotune.config import ProbeBudget, TuneConfig
+    from autotune.search.driver import build_space
+
+    cfg = dict(model=job.model, gpu=get_gpu("H100-80GB"), gpus_per_node=job.gpus_per_node, nodes=job.nodes or 1,
+               backend="sim", trials=1, storage_url="sqlite://", study_name="s", out_dir=".", seed=0,
+               workload=job.workload, fixed={}, ranges={}, tune_workload=(), probe=ProbeBudget(),
+               baseline=job.baseline, passthrough=job.passthrough)
+    return build_space(TuneConfig(**{**cfg, **kw}))
+
+
+@pytest.mark.parametrize("script, engines", [(MEGATRON_OPTIM, ("megatron",)), (FSDP_OPTIM, ("fsdp", "fsdp2")),
+                                             (SHARED_OPTIM, ("fsdp", "fsdp2", "megatron"))])
+def test_9_an_optimizer_key_of_one_engine_holds_that_engine(script, engines):
+    job = _job(*script)
+    assert _space_of(job).domains["actor_engine"].choices == engines
+
+
+def test_9_a_pin_to_the_other_engine_is_one_clear_error():
+    from autotune.errors import ConfigError
+
+    job = _job(*MEGATRON_OPTIM)
+    with pytest.raises(ConfigError, match="lr_decay_style"):
+        _space_of(job, fixed={"actor_engine": "fsdp"})
+
+
+def test_9_the_held_engine_is_said_in_the_export_header():
+    from autotune.verl.keys import engine_hold
+
+    job = _job(*MEGATRON_OPTIM)
+    hold = engine_hold(job.passthrough, job.baseline.actor_engine)
+    assert hold.engines == ("megatron",)
+    assert f"{ARO}.actor.optim.lr_decay_style" in hold.keys and f"{ARO}.actor.optim.lr" not in hold.keys
+    assert "lr_decay_style" in hold.describe() and "megatron" in hold.describe()
+    assert engine_hold(_job(*SHARED_OPTIM).passthrough, "fsdp") is None
+
+
+@pytest.mark.verl_judge
+def test_9_verl_accepts_every_candidate_of_a_megatron_job_with_its_own_lr_schedule():
+    from autotune.verl.judge import judge_script
+
+    rows = judge_script(EXAMPLES / "run_qwen3moe-30b_megatron_96gb.sh", 12, seed=1)
+    assert {r["candidate"].actor_engine for r in rows} == {"megatron"}
+    assert all(r["agree"] for r in rows), [(r["ours"], r["verl"]) for r in rows if not r["agree"]]
 
 
 # ---- issue 20 item 7: a user's hydra.* key -------------------------------------------------------------
