@@ -166,12 +166,13 @@ def sample_setup(name: str, n_candidates: int, *, seed: int = 0):
     return model, workload, gpn, nodes, sample_space(model, workload, gpn, nodes, fixed, n_candidates, seed=seed)
 
 
-def sample_space(model, workload, gpn: int, nodes: int, fixed: dict, n_candidates: int, *, seed: int = 0) -> list:
+def sample_space(model, workload, gpn: int, nodes: int, fixed: dict, n_candidates: int, *, seed: int = 0,
+                 hold=None) -> list:
     import optuna
 
     from autotune.spaces.space import SearchSpace
 
-    space = SearchSpace.build(model, workload, gpus_per_node=gpn, nodes=nodes, fixed=fixed)
+    space = SearchSpace.build(model, workload, gpus_per_node=gpn, nodes=nodes, fixed=fixed, hold=hold)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
     candidates = []
@@ -193,11 +194,14 @@ def judge_script(path, n_candidates: int, *, seed: int = 0, model_name: str | No
     """A verl launch script as the user's job (`--from`): its own configuration, then candidates from its space,
     both engines, each exported with the script's other keys passed through."""
     from autotune.verl.job_import import user_job
+    from autotune.verl.keys import engine_hold
     from autotune.verl.launch_script import import_launch_script
 
     job = user_job(import_launch_script(path, {"HOME": "/home/user"}), model_name=model_name)
     gpn, nodes = job.gpus_per_node or 8, job.nodes or 1
-    candidates = [job.baseline] + sample_space(job.model, job.workload, gpn, nodes, {}, n_candidates - 1, seed=seed)
+    hold = engine_hold(job.passthrough, job.baseline.actor_engine)  # as the driver builds the job's space
+    candidates = [job.baseline] + sample_space(job.model, job.workload, gpn, nodes, {}, n_candidates - 1, seed=seed,
+                                               hold=hold)
     return judge_candidates(f"script:{path.name}", job.model, job.workload, gpn, nodes, candidates,
                             passthrough=job.passthrough)
 
@@ -234,15 +238,6 @@ def _run_task(task: tuple) -> list[dict]:
 SCRIPT_MODELS = {"qwen2-70b_grpo_32_h20_fsdp_vllm.sh": "qwen2.5-72b"}
 
 
-# Scripts on which our rules and verl disagree for a known, open reason (issue 15, docs/verl-judge.md): left out of
-# the judge's count until fixed, never silently.
-KNOWN_DISAGREEMENTS = {
-    "run_qwen3moe-30b_megatron_96gb.sh": "its Megatron-only optimizer keys (actor.optim.lr_decay_style, "
-    "weight_decay_incr_style, ...: McoreOptimizerConfig) stay in the export when the search moves the job to FSDP, "
-    "and FSDPOptimizerConfig refuses them; importable since model identity reads Qwen3-30B-A3B-Base",
-}
-
-
 def run(tasks: list[tuple], *, processes: int = 2) -> list[dict]:
     """Judge ("setup", name, n, seed) and ("script", path, n, seed) tasks over `processes` worker processes
     (each composes and validates on its own; verl is imported once before the fork)."""
@@ -267,8 +262,6 @@ def importable_scripts(folder) -> list:
 
     out = []
     for path in sorted(Path(folder).glob("*.sh")):
-        if path.name in KNOWN_DISAGREEMENTS:
-            continue
         try:
             user_job(import_launch_script(path, {"HOME": "/home/user"}), model_name=SCRIPT_MODELS.get(path.name))
         except ConfigError:

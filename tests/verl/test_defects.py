@@ -324,6 +324,12 @@ def test_9_the_held_engine_is_said_in_the_export_header():
     assert hold.engines == ("megatron",)
     assert f"{ARO}.actor.optim.lr_decay_style" in hold.keys and f"{ARO}.actor.optim.lr" not in hold.keys
     assert "lr_decay_style" in hold.describe() and "megatron" in hold.describe()
+    from autotune.verl.export import export_header
+    header = export_header(model=job.model, gpu_name="H100", gpus_per_node=8, nodes=1, backend="sim", simulated=True,
+                           study="s", trial=3, tokens_per_s_per_gpu=1.0, mfu=None, peak_mem_gib=1.0,
+                           baseline_tokens_per_s_per_gpu=None, tuned_workload_knobs=(), config_dir=Path("."),
+                           engine_hold=hold)
+    assert hold.describe() in header
     assert engine_hold(_job(*SHARED_OPTIM).passthrough, "fsdp") is None
 
 
