@@ -110,6 +110,48 @@ def test_2_verl_accepts_chunked_prefill_off_below_max_model_len():
     assert _verl_verdict(job) is None
 
 
+# The user's own null: verl runs vLLM with the model's max_position_embeddings (vllm_async_server.py:1103-1105,
+# get_max_position_embeddings: workers/rollout/utils.py:31-40), and raises max_num_batched_tokens to it with chunked
+# prefill off (:1113-1119); a value above max_position_embeddings is refused (:1107-1111).
+
+def test_2_the_users_null_max_model_len_is_the_models_context_and_priced_so():
+    short = _job(*MICRO, "data.max_prompt_length=1024", "data.max_response_length=1024",
+                 model="meta-llama/Llama-3.1-8B-Instruct")
+    null = _job(*MICRO, "data.max_prompt_length=1024", "data.max_response_length=1024",
+                f"{ARO}.rollout.max_model_len=null", model="meta-llama/Llama-3.1-8B-Instruct")
+    assert null.model.max_position_embeddings == 131072  # its config.json
+    assert null.workload.rollout_max_model_len == 131072
+    assert _export(null)[f"{ARO}.rollout.max_model_len"] == 131072  # what verl would have run
+    assert _export(short)[f"{ARO}.rollout.max_model_len"] == 2048
+    gpu, cand = get_gpu("H100-80GB"), null.baseline.with_(rollout_tp=1, gpu_memory_utilization=0.3)
+    layout = ParallelLayout.of(cand, null.workload, gpus_per_node=8, nodes=1)
+    full = estimate_memory(null.model, gpu, null.workload, cand, layout)
+    assert full.kv_cache_needed_gib == pytest.approx(16.0)  # 131072 tokens x 32 layers x 2 x 8 x 128 x 2 B
+    assert full.kv_cache_needed_gib > full.kv_cache_gib  # vLLM refuses: the Llama-3.1-8B at share 0.3
+    ok = estimate_memory(short.model, gpu, short.workload, cand, layout)
+    assert ok.kv_cache_needed_gib < ok.kv_cache_gib
+
+
+def test_2_chunked_prefill_off_raises_batched_tokens_to_the_models_context():
+    null = _job(*MICRO, f"{ARO}.rollout.max_model_len=null", f"{ARO}.rollout.enable_chunked_prefill=False",
+                f"{ARO}.rollout.max_num_batched_tokens=8192", model="Qwen/Qwen2.5-7B-Instruct")
+    assert effective_batched_tokens(null.baseline, null.workload.rollout_max_model_len) == 32768
+
+
+def test_2_max_model_len_above_the_models_context_is_refused_as_verl_does():
+    job = _job(*MICRO, f"{ARO}.rollout.max_model_len=65536", model="Qwen/Qwen2.5-7B-Instruct")
+    layout = ParallelLayout.of(job.baseline, job.workload, gpus_per_node=8, nodes=1)
+    bad = [v for v in check(job.model, job.workload, job.baseline, layout) if v.rule == "max_model_len_within_context"]
+    assert bad and "max_position_embeddings (32768)" in bad[0].message and "vllm_async_server.py" in bad[0].source
+
+
+def test_2_an_alias_of_a_table_entry_does_not_claim_its_context():
+    from autotune.model_config import resolve_model
+    # Qwen2.5-7B base has another max_position_embeddings than the Instruct entry whose shapes it shares
+    assert resolve_model("Qwen/Qwen2.5-7B").max_position_embeddings == 0
+    assert resolve_model("Qwen/Qwen2.5-7B-Instruct").max_position_embeddings == 32768
+
+
 # ---- 3. Megatron recompute ------------------------------------------------------------------------
 
 def test_3_megatron_without_recompute_imports_as_no_checkpointing():
