@@ -71,15 +71,45 @@ def _lora_rank_check_without_vllm() -> None:
     sys.modules[name] = module
 
 
-def verdict_config(config, *, private: bool = False) -> str | None:
+@contextlib.contextmanager
+def _interpolation_parses_cached():
+    """OmegaConf parses an interpolation string with ANTLR each time a node is resolved (omegaconf/base.py:38,
+    grammar_parser.py:96 `parse`, a pure function of its arguments); verl's configs resolve the same few dozen strings
+    for every candidate, which was a quarter of the judge's time. Cached for the judge's run only; the verdicts are
+    identical with and without (benchmarks/verl_judge_speed.py)."""
+    import functools
+
+    import omegaconf._utils
+    import omegaconf.base
+
+    original = omegaconf.base.parse
+    cached = functools.lru_cache(maxsize=4096)(original)
+    omegaconf.base.parse = omegaconf._utils.parse = cached
+    try:
+        yield
+    finally:
+        omegaconf.base.parse = omegaconf._utils.parse = original
+
+
+def verdict_config(config, *, private: bool = False, fast: bool = False) -> str | None:
     """None when verl's start-up checks pass on this composed config; otherwise verl's reason. `private`: the
-    config is the caller's own copy, which the worker's renames may edit."""
+    config is the caller's own copy, which the worker's renames may edit. `fast`: interpolation parses cached, and
+    the worker's build of the actor config skipped, since validate_config has just built it from the same,
+    unchanged node (utils/config.py:164; the worker's renames touch the ref only) - same verdicts
+    (benchmarks/verl_judge_speed.py)."""
     from omegaconf import open_dict
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
     _lora_rank_check_without_vllm()
     config = config if private else copy.deepcopy(config)  # the worker's renames edit it
+    with _interpolation_parses_cached() if fast else contextlib.nullcontext():
+        return _verdict(config, need_critic, need_reference_policy, omega_conf_to_dataclass, validate_config,
+                        open_dict, build_actor=not fast)
+
+
+def _verdict(config, need_critic, need_reference_policy, omega_conf_to_dataclass, validate_config, open_dict, *,
+             build_actor: bool) -> str | None:
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
@@ -96,7 +126,8 @@ def verdict_config(config, *, private: bool = False) -> str | None:
                 aro.ref.use_dynamic_bsz = aro.ref.pop("log_prob_use_dynamic_bsz", False)
                 aro.ref.ppo_max_token_len_per_gpu = aro.ref.pop("log_prob_max_token_len_per_gpu", None)
             omega_conf_to_dataclass(aro.ref)
-        omega_conf_to_dataclass(aro.actor)
+        if build_actor:
+            omega_conf_to_dataclass(aro.actor)
         # engine_workers.py:616: a bare assert
         assert aro.actor.use_dynamic_bsz == aro.rollout.log_prob_use_dynamic_bsz, \
             "actor.use_dynamic_bsz != rollout.log_prob_use_dynamic_bsz (engine_workers.py:616)"
@@ -207,7 +238,7 @@ def judge_script(path, n_candidates: int, *, seed: int = 0, model_name: str | No
 
 
 def judge_candidates(name: str, model, workload, gpn: int, nodes: int, candidates, *,
-                     passthrough: dict | None = None) -> list[dict]:
+                     passthrough: dict | None = None, fast: bool = True) -> list[dict]:
     from autotune.errors import ConfigError
     from autotune.verl.export import hydra_overrides, model_engine, verl_overrides
 
@@ -218,7 +249,8 @@ def judge_candidates(name: str, model, workload, gpn: int, nodes: int, candidate
         overrides = verl_overrides(model, workload, candidate, gpus_per_node=gpn, nodes=nodes,
                                    passthrough=passthrough)
         try:
-            theirs = verdict_config(compose(hydra_overrides(overrides, model_engine(candidate))), private=True)
+            theirs = verdict_config(compose(hydra_overrides(overrides, model_engine(candidate))), private=True,
+                                    fast=fast)
         except ConfigError as exc:
             theirs = str(exc)
         rows.append({"setup": name, "candidate": candidate, "ours": [str(v) for v in ours], "verl": theirs,
