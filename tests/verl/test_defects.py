@@ -379,7 +379,7 @@ def test_9_the_held_engine_is_said_in_the_export_header():
 def test_9_verl_accepts_every_candidate_of_a_megatron_job_with_its_own_lr_schedule():
     from autotune.verl.judge import judge_script
 
-    rows = judge_script(EXAMPLES / "run_qwen3moe-30b_megatron_96gb.sh", 12, seed=1)
+    rows = judge_script(EXAMPLES / "run_qwen3moe-30b_megatron_96gb.sh", 6, seed=1)
     assert {r["candidate"].actor_engine for r in rows} == {"megatron"}
     assert all(r["agree"] for r in rows), [(r["ours"], r["verl"]) for r in rows if not r["agree"]]
 
