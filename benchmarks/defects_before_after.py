@@ -176,8 +176,9 @@ def defect_7(checkout: Path) -> str:
             "print(json.dumps({k: [classify_failure(1, v).kind.value, classify_failure(1, v).phase] "
             "for k, v in logs.items()}))\n")
     env = {**os.environ, "PYTHONPATH": str(checkout)}
+    # cwd outside any checkout: `python -c` puts the working folder first on sys.path
     proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(DEFECT_7_LOGS), env=env, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, cwd=tempfile.gettempdir())
     if proc.returncode != 0:
         return last_line(proc)
     found = json.loads(proc.stdout)
