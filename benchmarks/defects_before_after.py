@@ -169,9 +169,11 @@ DEFECT_7_LOGS = {
 
 
 def defect_7(checkout: Path) -> str:
+    # the module this checkout has (an editable install may add another checkout's autotune to the package path)
+    module = ("autotune.verl.failures" if (checkout / "autotune" / "verl" / "failures.py").is_file()
+              else "autotune.objectives.verl_failures")
     code = ("import json, sys\n"
-            "try:\n    from autotune.verl.failures import classify_failure\n"
-            "except ImportError:\n    from autotune.objectives.verl_failures import classify_failure\n"
+            f"from {module} import classify_failure\n"
             "logs = json.loads(sys.stdin.read())\n"
             "print(json.dumps({k: [classify_failure(1, v).kind.value, classify_failure(1, v).phase] "
             "for k, v in logs.items()}))\n")
@@ -210,10 +212,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("old", type=Path, help="a checkout of the code before issue 15's fixes")
     parser.add_argument("--new", type=Path, default=REPO, help="the checkout after them (default: this one)")
+    parser.add_argument("--only", nargs="*", default=None, help="defect numbers to show (default: all)")
     args = parser.parse_args()
     print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}; old: "
           f"{args.old.resolve()}, new: {args.new.resolve()}; verl judge from {REPO}")
     for name, fn in DEFECTS.items():
+        if args.only is not None and name.split()[0] not in args.only:
+            continue
         print(f"defect {name}")
         for label, checkout in (("old", args.old.resolve()), ("new", args.new.resolve())):
             print(f"  {label}: {fn(checkout)}", flush=True)
