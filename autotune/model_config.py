@@ -118,6 +118,8 @@ def spec_from_config(cfg: dict, *, path: str, source: str) -> ModelSpec:
         intermediate_size=int(cfg["intermediate_size"]), vocab_size=int(cfg["vocab_size"]),
         # transformers' defaults for these classes are False (PretrainedConfig's True is overridden by each)
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)), path=path,
+        # read as verl reads it (workers/rollout/utils.py:31-40); 0: not in this config.json
+        max_position_embeddings=int(cfg.get("max_position_embeddings") or 0),
         source=source, shapes_from=f"its config.json ({source})", published_params=0.0)
     if model_type == "qwen2":
         fields["qkv_bias"] = True  # Qwen2Attention: q/k/v_proj bias=True, o_proj bias=False
@@ -195,7 +197,9 @@ def resolve_model(name: str) -> ModelSpec:
     note = ("autotune's built-in table, same architecture and shapes as " + spec.hf_id if path != spec.hf_id
             else "autotune's built-in table")
     name_out = spec.name if text.lower() == spec.name or path == spec.hf_id else _model_name(path)
-    return replace(spec, name=name_out, path=path,
+    # an alias shares the entry's shapes, not always its context (Qwen2.5-7B: 131072, its Instruct entry: 32768)
+    context = spec.max_position_embeddings if path == spec.hf_id else 0
+    return replace(spec, name=name_out, path=path, max_position_embeddings=context,
                    shapes_from=f"{note} (no config.json at hand: not a local folder, not in the HF cache)")
 
 

@@ -43,6 +43,9 @@ class ModelSpec:
     attn_sinks: bool = False  # gpt-oss: one learned sink logit per head
     expert_bias: bool = False  # gpt-oss: biased expert projections and router
     router_score_bias: bool = False  # DeepSeek-V3: e_score_correction_bias, one per routed expert
+    # config.json's max_position_embeddings: the context verl gives vLLM when rollout.max_model_len is null
+    # (verl/workers/rollout/vllm_rollout/vllm_async_server.py:1103-1105); 0: not known
+    max_position_embeddings: int = 0
     published_params: float  # for the invariant test
     source: str
     path: str = ""  # what the user named (model.path in the export); "" means hf_id
@@ -159,21 +162,21 @@ def _qwen25(name, *, h, layers, heads, kv, inter, vocab, tie, params, repo):
     return ModelSpec(name=name, hf_id=f"Qwen/{repo}", architecture="Qwen2ForCausalLM", model_type="qwen2",
                      hidden_size=h, num_layers=layers, num_heads=heads, num_kv_heads=kv, head_dim=h // heads,
                      intermediate_size=inter, vocab_size=vocab, tie_word_embeddings=tie, qkv_bias=True,
-                     published_params=params, source=f"https://huggingface.co/Qwen/{repo}/blob/main/config.json")
+                     max_position_embeddings=32768, published_params=params, source=f"https://huggingface.co/Qwen/{repo}/blob/main/config.json")
 
 
 def _qwen3(name, *, h, layers, heads, kv, inter, tie, params, repo):
     return ModelSpec(name=name, hf_id=f"Qwen/{repo}", architecture="Qwen3ForCausalLM", model_type="qwen3",
                      hidden_size=h, num_layers=layers, num_heads=heads, num_kv_heads=kv, head_dim=128,
                      intermediate_size=inter, vocab_size=151936, tie_word_embeddings=tie, qk_norm=True,
-                     published_params=params, source=f"https://huggingface.co/Qwen/{repo}/blob/main/config.json")
+                     max_position_embeddings=40960, published_params=params, source=f"https://huggingface.co/Qwen/{repo}/blob/main/config.json")
 
 
 def _llama(name, *, h, layers, heads, kv, inter, tie, params, repo):
     return ModelSpec(name=name, hf_id=f"meta-llama/{repo}", architecture="LlamaForCausalLM", model_type="llama",
                      hidden_size=h, num_layers=layers, num_heads=heads, num_kv_heads=kv, head_dim=h // heads,
                      intermediate_size=inter, vocab_size=128256, tie_word_embeddings=tie,
-                     published_params=params, source=f"https://huggingface.co/meta-llama/{repo}/blob/main/config.json")
+                     max_position_embeddings=131072, published_params=params, source=f"https://huggingface.co/meta-llama/{repo}/blob/main/config.json")
 
 
 def _qwen3_moe(name, *, h, layers, heads, kv, moe_inter, experts, topk, params, repo):
@@ -181,7 +184,7 @@ def _qwen3_moe(name, *, h, layers, heads, kv, moe_inter, experts, topk, params, 
                      hidden_size=h, num_layers=layers, num_heads=heads, num_kv_heads=kv, head_dim=128,
                      intermediate_size=moe_inter * 8, vocab_size=151936, tie_word_embeddings=False, qk_norm=True,
                      num_experts=experts, num_experts_per_tok=topk, moe_intermediate_size=moe_inter,
-                     published_params=params, source=f"https://huggingface.co/Qwen/{repo}/blob/main/config.json")
+                     max_position_embeddings=40960, published_params=params, source=f"https://huggingface.co/Qwen/{repo}/blob/main/config.json")
 
 
 MODELS: dict[str, ModelSpec] = {

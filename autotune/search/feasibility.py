@@ -76,6 +76,10 @@ def working_gpu_counts(model: ModelSpec, gpu: GpuSpec, workload: Workload, *, gp
 
 def require_fit(model: ModelSpec, gpu: GpuSpec, workload: Workload, *, gpus_per_node: int, nodes: int) -> None:
     """Say why nothing fits (verl's divisibility rules, or memory) and which GPU counts would."""
+    context = model.max_position_embeddings
+    if context and workload.rollout_max_model_len > context:  # no GPU count helps (vllm_async_server.py:1107-1111)
+        raise ConfigError(f"rollout.max_model_len {workload.rollout_max_model_len} (prompt + response unless you set "
+                          f"it) is above {model.model_path}'s max_position_embeddings {context}; verl refuses it")
     violations: dict = {}
     peak_gib, cand = smallest_footprint(model, gpu, workload, gpus_per_node=gpus_per_node, nodes=nodes,
                                         violations=violations)

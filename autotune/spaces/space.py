@@ -84,7 +84,8 @@ class SearchSpace:
     @classmethod
     def build(cls, model: ModelSpec, workload: Workload, *, gpus_per_node: int, nodes: int,
               fixed: Mapping[str, object] | None = None, ranges: Mapping[str, object] | None = None,
-              tune_workload: Sequence[str] = ()) -> "SearchSpace":
+              tune_workload: Sequence[str] = (), hold=None) -> "SearchSpace":
+        """`hold`: the engines the user's own job may run on (autotune/verl/keys.py engine_hold), or None."""
         world = gpus_per_node * nodes
         domains = default_domains(model, workload, world=world, gpus_per_node=gpus_per_node)
         fixed = dict(fixed or {})
@@ -105,6 +106,8 @@ class SearchSpace:
             if name not in domains:
                 raise ConfigError(f"tune.yaml ranges: unknown knob {name!r}; knobs: {', '.join(domains)}")
             domains[name] = _narrow(name, domains[name], spec, structural=name in STRUCTURAL)
+        if hold is not None:
+            domains["actor_engine"] = _hold_engine(domains["actor_engine"], fixed.get("actor_engine"), hold)
         workload_domains = {}
         for name in tune_workload:
             if name not in TUNABLE_WORKLOAD:
@@ -197,6 +200,17 @@ def _check_engine_pins(fixed: dict) -> None:
         if name in FSDP_ONLY and not neutral and engine not in ("fsdp", "fsdp2"):
             raise ConfigError(f"tune.yaml fixed: {name} applies to the FSDP engines only; also pin actor_engine: "
                               "fsdp or fsdp2")
+
+
+def _hold_engine(domain: Domain, pinned, hold) -> Domain:
+    """The engine domain narrowed to the engines the user's job may run on; a pin or range outside them is one
+    clear error."""
+    if pinned is not None and pinned not in hold.engines:
+        raise ConfigError(f"tune.yaml fixed: actor_engine={pinned!r}, but {hold.describe()}")
+    kept = tuple(e for e in domain.choices if e in hold.engines)
+    if not kept:
+        raise ConfigError(f"no engine left to search (allowed here: {domain.describe()}), since {hold.describe()}")
+    return Domain(choices=kept)
 
 
 def _narrow(name: str, domain: Domain, spec, *, structural: bool = False) -> Domain:

@@ -13,6 +13,7 @@ from autotune.hardware import get_gpu
 from autotune.models import model_from_identity
 from autotune.spaces.candidate import Candidate
 from autotune.verl.export import export_header, model_engine, verl_overrides, write_best_yaml
+from autotune.verl.keys import engine_hold
 from autotune.storage.records import (TrialRecord, baseline_label, baseline_record, best_records, pareto_front,
                                       records, verl_default_record)
 from autotune.storage.urls import redact
@@ -141,7 +142,8 @@ def export_best(study: optuna.Study, out_dir: Path) -> Path:
                            tuned_workload_knobs=tuple(sorted(attrs.get("workload_tuned") or {})), config_dir=out_dir,
                            baseline_label=baseline_label(study), baseline_trial=base.number if base else None,
                            verl_default_tokens_per_s_per_gpu=_default_tps(study),
-                           exported_model_path=overrides.get("actor_rollout_ref.model.path"))
+                           exported_model_path=overrides.get("actor_rollout_ref.model.path"),
+                           engine_hold=engine_hold(identity.get("passthrough") or {}, candidate.actor_engine))
     return write_best_yaml(Path(out_dir) / "best.yaml", overrides, model_engine(candidate), header)
 
 

@@ -204,6 +204,15 @@ def user_job(imported, *, model_name: str | None = None) -> UserJob:
     if not candidate_changes.get("use_dynamic_bsz") and "ppo_micro_batch_size_per_gpu" not in candidate_changes:
         unresolved.append("actor.ppo_micro_batch_size_per_gpu (not set: verl refuses to start without it; the "
                           "baseline uses the quickstart's 4)")
+    mml_key = f"{ARO}.rollout.max_model_len"
+    if mml_key in bare_values and bare_values[mml_key] is None:
+        # the user's own null: verl gives vLLM the model's whole context (vllm_async_server.py:1103-1105), which
+        # the export then writes and the memory model prices (one full-context sequence of KV cache)
+        if model.max_position_embeddings:
+            workload_changes["max_model_len"] = model.max_position_embeddings
+        else:
+            unresolved.append(f"{mml_key}=null (verl uses the model's max_position_embeddings, unknown for "
+                              f"{model.model_path} without its config.json; exported as prompt + response)")
     try:
         workload = replace(VERL_DEFAULT_WORKLOAD, **workload_changes)
         if workload.max_model_len == workload.seq_len:  # what autotune derives and exports anyway

@@ -390,6 +390,16 @@ def vllm_batched_tokens_cover_seqs(ctx: CheckContext) -> Violation | None:
               f"({c.max_num_seqs}).", "vllm", "vllm/config/scheduler.py (SchedulerConfig._verify_args)")
 
 
+@rule
+def max_model_len_within_context(ctx: CheckContext) -> Violation | None:
+    limit, wanted = ctx.model.max_position_embeddings, ctx.workload.rollout_max_model_len
+    if not limit or wanted <= limit:
+        return None  # 0: the model's context is not known (no config.json at hand)
+    return _v("max_model_len_within_context",
+              f"max_model_len ({wanted}) should be less than or equal to max_position_embeddings ({limit})",
+              "verl", "verl/workers/rollout/vllm_rollout/vllm_async_server.py:1107-1111 (_validate_configs)")
+
+
 # No rule for max_num_batched_tokens < max_model_len with chunked prefill off: verl raises max_num_batched_tokens to
 # max_model_len itself (verl/workers/rollout/vllm_rollout/vllm_async_server.py:1113-1119); the memory model prices
 # the raised value (model/memory.py effective_batched_tokens).

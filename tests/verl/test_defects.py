@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import yaml
@@ -23,6 +24,7 @@ from autotune.verl.rules import check
 from autotune.workload import Workload
 
 ARO = "actor_rollout_ref"
+EXAMPLES = Path(__file__).parents[1] / "data" / "verl_examples"
 
 
 def _script(*overrides: str, model: str = "Qwen/Qwen2.5-7B-Instruct", gpus: int = 8) -> str:
@@ -106,6 +108,48 @@ def test_2_verl_accepts_chunked_prefill_off_below_max_model_len():
     job = _job(*MICRO, f"{ARO}.rollout.enable_chunked_prefill=False", f"{ARO}.rollout.max_num_batched_tokens=512",
                "data.max_prompt_length=512", "data.max_response_length=1024")
     assert _verl_verdict(job) is None
+
+
+# The user's own null: verl runs vLLM with the model's max_position_embeddings (vllm_async_server.py:1103-1105,
+# get_max_position_embeddings: workers/rollout/utils.py:31-40), and raises max_num_batched_tokens to it with chunked
+# prefill off (:1113-1119); a value above max_position_embeddings is refused (:1107-1111).
+
+def test_2_the_users_null_max_model_len_is_the_models_context_and_priced_so():
+    short = _job(*MICRO, "data.max_prompt_length=1024", "data.max_response_length=1024",
+                 model="meta-llama/Llama-3.1-8B-Instruct")
+    null = _job(*MICRO, "data.max_prompt_length=1024", "data.max_response_length=1024",
+                f"{ARO}.rollout.max_model_len=null", model="meta-llama/Llama-3.1-8B-Instruct")
+    assert null.model.max_position_embeddings == 131072  # its config.json
+    assert null.workload.rollout_max_model_len == 131072
+    assert _export(null)[f"{ARO}.rollout.max_model_len"] == 131072  # what verl would have run
+    assert _export(short)[f"{ARO}.rollout.max_model_len"] == 2048
+    gpu, cand = get_gpu("H100-80GB"), null.baseline.with_(rollout_tp=1, gpu_memory_utilization=0.3)
+    layout = ParallelLayout.of(cand, null.workload, gpus_per_node=8, nodes=1)
+    full = estimate_memory(null.model, gpu, null.workload, cand, layout)
+    assert full.kv_cache_needed_gib == pytest.approx(16.0)  # 131072 tokens x 32 layers x 2 x 8 x 128 x 2 B
+    assert full.kv_cache_needed_gib > full.kv_cache_gib  # vLLM refuses: the issue's Llama-3.1-8B at share 0.3
+    ok = estimate_memory(short.model, gpu, short.workload, cand, layout)
+    assert ok.kv_cache_needed_gib < ok.kv_cache_gib
+
+
+def test_2_chunked_prefill_off_raises_batched_tokens_to_the_models_context():
+    null = _job(*MICRO, f"{ARO}.rollout.max_model_len=null", f"{ARO}.rollout.enable_chunked_prefill=False",
+                f"{ARO}.rollout.max_num_batched_tokens=8192", model="Qwen/Qwen2.5-7B-Instruct")
+    assert effective_batched_tokens(null.baseline, null.workload.rollout_max_model_len) == 32768
+
+
+def test_2_max_model_len_above_the_models_context_is_refused_as_verl_does():
+    job = _job(*MICRO, f"{ARO}.rollout.max_model_len=65536", model="Qwen/Qwen2.5-7B-Instruct")
+    layout = ParallelLayout.of(job.baseline, job.workload, gpus_per_node=8, nodes=1)
+    bad = [v for v in check(job.model, job.workload, job.baseline, layout) if v.rule == "max_model_len_within_context"]
+    assert bad and "max_position_embeddings (32768)" in bad[0].message and "vllm_async_server.py" in bad[0].source
+
+
+def test_2_an_alias_of_a_table_entry_does_not_claim_its_context():
+    from autotune.model_config import resolve_model
+    # Qwen2.5-7B base has another max_position_embeddings than the Instruct entry whose shapes it shares
+    assert resolve_model("Qwen/Qwen2.5-7B").max_position_embeddings == 0
+    assert resolve_model("Qwen/Qwen2.5-7B-Instruct").max_position_embeddings == 32768
 
 
 # ---- 3. Megatron recompute ------------------------------------------------------------------------
@@ -275,6 +319,69 @@ def test_9_verl_accepts_the_switched_engine(script, candidate):
     candidate = candidate.with_(ppo_micro_batch_size_per_gpu=2, log_prob_micro_batch_size_per_gpu=4,
                                 ref_log_prob_micro_batch_size_per_gpu=4)
     assert _verl_verdict(job, candidate) is None
+
+
+# An optimizer key that only one engine's optimizer config declares has no counterpart in the other engine's
+# (verl/workers/config/optimizer.py: McoreOptimizerConfig vs FSDPOptimizerConfig); dropping it would change the
+# learning-rate schedule, so the search keeps the user's engine (the space does not offer the other).
+MEGATRON_OPTIM = (*MEGATRON_SCRIPT, f"{ARO}.actor.optim.lr=1e-6", f"{ARO}.actor.optim.lr_warmup_steps=10",
+                  f"{ARO}.actor.optim.lr_decay_style=cosine",
+                  f"+{ARO}.actor.optim.override_optimizer_config.optimizer_offload_fraction=1.0")
+FSDP_OPTIM = (*FSDP_SCRIPT, f"{ARO}.actor.optim.lr_scheduler_type=cosine", f"{ARO}.actor.optim.min_lr_ratio=0.1")
+SHARED_OPTIM = (*MICRO, f"{ARO}.actor.optim.lr=1e-6", f"{ARO}.actor.optim.weight_decay=0.1",
+                f"{ARO}.actor.optim.lr_warmup_steps=10", f"{ARO}.actor.optim.clip_grad=0.5")
+
+
+def _space_of(job, **kw):
+    from autotune.config import ProbeBudget, TuneConfig
+    from autotune.search.driver import build_space
+
+    cfg = dict(model=job.model, gpu=get_gpu("H100-80GB"), gpus_per_node=job.gpus_per_node, nodes=job.nodes or 1,
+               backend="sim", trials=1, storage_url="sqlite://", study_name="s", out_dir=".", seed=0,
+               workload=job.workload, fixed={}, ranges={}, tune_workload=(), probe=ProbeBudget(),
+               baseline=job.baseline, passthrough=job.passthrough)
+    return build_space(TuneConfig(**{**cfg, **kw}))
+
+
+@pytest.mark.parametrize("script, engines", [(MEGATRON_OPTIM, ("megatron",)), (FSDP_OPTIM, ("fsdp", "fsdp2")),
+                                             (SHARED_OPTIM, ("fsdp", "fsdp2", "megatron"))])
+def test_9_an_optimizer_key_of_one_engine_holds_that_engine(script, engines):
+    job = _job(*script)
+    assert _space_of(job).domains["actor_engine"].choices == engines
+
+
+def test_9_a_pin_to_the_other_engine_is_one_clear_error():
+    from autotune.errors import ConfigError
+
+    job = _job(*MEGATRON_OPTIM)
+    with pytest.raises(ConfigError, match="lr_decay_style"):
+        _space_of(job, fixed={"actor_engine": "fsdp"})
+
+
+def test_9_the_held_engine_is_said_in_the_export_header():
+    from autotune.verl.keys import engine_hold
+
+    job = _job(*MEGATRON_OPTIM)
+    hold = engine_hold(job.passthrough, job.baseline.actor_engine)
+    assert hold.engines == ("megatron",)
+    assert f"{ARO}.actor.optim.lr_decay_style" in hold.keys and f"{ARO}.actor.optim.lr" not in hold.keys
+    assert "lr_decay_style" in hold.describe() and "megatron" in hold.describe()
+    from autotune.verl.export import export_header
+    header = export_header(model=job.model, gpu_name="H100", gpus_per_node=8, nodes=1, backend="sim", simulated=True,
+                           study="s", trial=3, tokens_per_s_per_gpu=1.0, mfu=None, peak_mem_gib=1.0,
+                           baseline_tokens_per_s_per_gpu=None, tuned_workload_knobs=(), config_dir=Path("."),
+                           engine_hold=hold)
+    assert hold.describe() in header
+    assert engine_hold(_job(*SHARED_OPTIM).passthrough, "fsdp") is None
+
+
+@pytest.mark.verl_judge
+def test_9_verl_accepts_every_candidate_of_a_megatron_job_with_its_own_lr_schedule():
+    from autotune.verl.judge import judge_script
+
+    rows = judge_script(EXAMPLES / "run_qwen3moe-30b_megatron_96gb.sh", 6, seed=1)
+    assert {r["candidate"].actor_engine for r in rows} == {"megatron"}
+    assert all(r["agree"] for r in rows), [(r["ours"], r["verl"]) for r in rows if not r["agree"]]
 
 
 # ---- issue 20 item 7: a user's hydra.* key -------------------------------------------------------------

@@ -78,3 +78,23 @@ def test_import_of_export_is_the_candidate_and_workload(setup):
                                            if getattr(job.baseline, k) != v}
         assert (job.gpus_per_node, job.nodes) == (gpn, nodes)
         assert not job.unresolved
+
+
+@pytest.mark.verl_judge
+def test_shared_optimizer_fields_are_verls_base_optimizer_config():
+    """The optimizer keys an engine switch keeps are exactly the fields of verl's base OptimizerConfig; every other
+    field of either engine's optimizer config is that engine's own (or, like `optimizer` and
+    `override_optimizer_config`, named alike with another meaning: torch.optim's class name vs Megatron's)."""
+    from dataclasses import fields
+
+    from verl.base_config import BaseConfig
+    from verl.workers.config.optimizer import FSDPOptimizerConfig, McoreOptimizerConfig, OptimizerConfig
+
+    from autotune.verl.keys import SHARED_OPTIM_FIELDS
+
+    base = {f.name for f in fields(OptimizerConfig)} - {f.name for f in fields(BaseConfig)}  # less `_target_`
+    assert SHARED_OPTIM_FIELDS == base
+    fsdp_own = {f.name for f in fields(FSDPOptimizerConfig)} - base - {'_target_'}
+    mcore_own = {f.name for f in fields(McoreOptimizerConfig)} - base - {'_target_'}
+    assert fsdp_own & mcore_own == {"optimizer", "override_optimizer_config"}
+    assert FSDPOptimizerConfig.optimizer != McoreOptimizerConfig.optimizer  # "AdamW" (torch.optim) vs "adam"

@@ -253,6 +253,11 @@ CASES = [
          Setup("qwen2.5-7b", FSDP.with_(max_num_batched_tokens=256, max_num_seqs=512)),
          Setup("qwen2.5-7b", FSDP.with_(max_num_batched_tokens=512, max_num_seqs=512)),
          "max_num_batched_tokens (256) must be greater than or equal to max_num_seqs (512)."),
+    # verl/workers/rollout/vllm_rollout/vllm_async_server.py:1107-1111; Qwen2.5-7B-Instruct's config.json: 32768
+    Case("max-model-len-above-context", "max_model_len_within_context",
+         Setup("qwen2.5-7b", FSDP, Workload(max_model_len=65536)),
+         Setup("qwen2.5-7b", FSDP, Workload(max_model_len=32768)),
+         "max_model_len (65536) should be less than or equal to max_position_embeddings (32768)"),
     Case("ref-offload-without-ref", "ref_offload_needs_ref",
          Setup("qwen2.5-7b", FSDP.with_(ref_param_offload=True), Workload(use_kl_loss=False)),
          Setup("qwen2.5-7b", FSDP.with_(ref_param_offload=True), Workload(use_kl_loss=True)),
