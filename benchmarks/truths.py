@@ -17,7 +17,7 @@ benchmark's only truth before issue 19) and adds one effect the model lacks:
                   update phase and another on the log-prob passes, and each rollout setting (rollout TP,
                   max_num_seqs, chunked prefill) one on generation, log-normal with sigma S (median 1)
 
-Each keeps the structure the exact optimum's decomposition relies on (search/optimum.py): generation
+Each keeps the structure the exact optimum's decomposition relies on (benchmarks/optimum.py): generation
 depends on the rollout knobs only, each training phase on the layout and its own micro-batch knobs.
 """
 

@@ -1,4 +1,5 @@
-"""The H200 calibration measurements, and what the model predicts for each of them.
+"""The H200 calibration measurements, and what the model predicts for each of them (benchmarks/fit_calibration.py
+and tests/model/test_calibration.py read them; the package itself does not).
 
 Rows come from autotune/data/h200-*.json (see docs/model.md for provenance). The measurements are
 single-GPU PyTorch runs of Qwen2.5 shapes in bf16 (HF modules, sdpa, fused AdamW on bf16 parameters,
