@@ -127,3 +127,21 @@ def test_the_readers_see_lazy_imports_and_private_access(tmp_path):
     assert [m for _, m, _ in autotune_imports(sample)] == ["autotune.search.driver", "autotune.search"]
     assert private_uses(sample, "sample.py") == ["line 3: imports _hidden", "line 5: ._storage"]
     assert LAYER_OF[unit_of("autotune.search.driver")] > LAYER_OF[unit_of("autotune.model.memory")]
+
+
+def test_the_architecture_picture_names_every_unit_in_its_layer():
+    """docs/architecture.md draws the layers bottom-up, numbered 1..N; each unit appears on its layer's lines."""
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    picture = text.split("## Layers", 1)[1].split("```")[1]
+    rows: dict[int, str] = {}
+    current = None
+    for line in picture.splitlines():
+        head = line[:3].strip()
+        if head.isdigit():
+            current = int(head)
+        if current is not None:
+            rows[current] = rows.get(current, "") + " " + line
+    assert sorted(rows) == list(range(1, len(LAYERS) + 1))
+    for i, (_, units) in enumerate(LAYERS):
+        for unit in units - {"autotune"}:
+            assert unit in rows[i + 1], f"{unit} is not drawn in layer {i + 1} of docs/architecture.md"
