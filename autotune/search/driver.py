@@ -285,14 +285,16 @@ def run_study(cfg: TuneConfig, runner: ProbeRunner, *, executor: Executor | None
                 _store_outcome(study, done)
                 _end_trial(study, done.launch.trial, running, on_trial)
     except BaseException as exc:
-        for launch in executor.cancel():
-            _keep_probe_log(launch.trial, Path(launch.request.run_dir))
-        for _trial, beat in running.values():
-            beat.stop()
-        if isinstance(exc, KeyboardInterrupt):  # a stopped tuner leaves nothing RUNNING
-            with interrupt.critical():
-                for trial, _beat in running.values():
-                    _fail_interrupted(study, trial)
+        try:
+            if isinstance(exc, KeyboardInterrupt):  # a stopped tuner leaves nothing RUNNING: first, before a
+                with interrupt.critical():          # second signal can land
+                    for trial, _beat in running.values():
+                        _fail_interrupted(study, trial)
+        finally:
+            for launch in executor.cancel():
+                _keep_probe_log(launch.trial, Path(launch.request.run_dir))
+            for _trial, beat in running.values():
+                beat.stop()
         raise
     return study
 
