@@ -12,20 +12,15 @@ from autotune.model.cost import estimate_step_time
 from autotune.model.host_memory import estimate_host_memory
 from autotune.model.memory import estimate_memory
 from autotune.spaces.candidate import Candidate
+from autotune.search.prescreen import KV_UP, MONOTONE_UP
 from autotune.verl.rules import check
 from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import default_domains
 from autotune.workload import Workload
 
-# knob -> the phases whose memory it drives (memory is monotone in each; search/prescreen.py)
-LIMITING_KNOBS = {
-    "ppo_micro_batch_size_per_gpu": ("update_actor",),
-    "ppo_max_token_len_per_gpu": ("update_actor",),
-    "log_prob_micro_batch_size_per_gpu": ("old_log_prob",),
-    "ref_log_prob_micro_batch_size_per_gpu": ("ref",),
-    "log_prob_max_token_len_per_gpu": ("old_log_prob", "ref"),
-    "gpu_memory_utilization": ("rollout",),
-}
+# knob -> the phases whose memory it drives, for the knobs a user lowers to fit (vLLM's batch limits only move its
+# KV room, which gpu_memory_utilization's row covers)
+LIMITING_KNOBS = {knob: phases for knob, phases in MONOTONE_UP.items() if knob not in KV_UP}
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,11 @@ class ModelSpec:
             return float(self.kv_lora_rank + self.qk_rope_head_dim)
         return 2 * max(self.num_kv_heads / tp, 1.0) * self.head_dim
 
+    def kv_cache_bytes_per_token(self, tp: int = 1) -> float:
+        """bf16 KV cache bytes per token on one GPU, every layer (the model's fact; both the memory model and
+        the torch probe's KV pool read it)."""
+        return self.num_layers * self.kv_cache_elems_per_token_per_layer(tp) * 2
+
     def attn_params_per_layer(self) -> int:
         h = self.hidden_size
         if self.is_mla:  # DeepseekV3Attention: q_a/q_b (or q_proj), kv_a_proj_with_mqa, kv_b_proj, o_proj, norms

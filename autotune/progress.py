@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from autotune.report import is_result
+from autotune.storage.records import is_result
 from autotune.storage.records import TrialRecord
 from autotune.ui import trial_line
 

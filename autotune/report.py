@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
 from autotune.errors import ConfigError
-from autotune.storage.records import TrialRecord
+from autotune.storage.records import TrialRecord, is_result
 
 # verl's timing_s/* phases in the order they run inside one GRPO step (reference/verl.md).
 PHASE_ORDER = ("gen", "old_log_prob", "ref", "update_actor", "update_weights")
@@ -39,15 +39,6 @@ MAX_PARALLEL_PARAMS = 8
 
 class NotPlotted(Exception):
     """A figure that has nothing honest to show; the message says why (shown on the page)."""
-
-
-def is_result(t: FrozenTrial) -> bool:
-    """A real measurement or simulation of a feasible configuration: never a rejected/OOM placeholder."""
-    if t.state != TrialState.COMPLETE or t.user_attrs.get("feasible") is False:
-        return False
-    if any(v > 0 for v in (t.constraints or {}).values()):
-        return False
-    return TrialRecord.of(t).feasible_measurement
 
 
 def reason_kind(reason: str) -> str:
@@ -72,6 +63,7 @@ class StudyView:
     results: tuple[FrozenTrial, ...]  # feasible results, by trial number
     best: tuple[FrozenTrial, ...]  # feasible results the exporter ranks, fastest first
     baseline: FrozenTrial | None  # verl's default configuration when it gave a result
+    pareto: frozenset[int] = frozenset()  # multi-objective: numbers of the results on the Pareto front
     outcomes: Counter = field(default_factory=Counter)  # autotune state -> count, over all finished trials
 
     @property
@@ -90,7 +82,7 @@ class StudyView:
 
 
 def study_view(study: optuna.Study) -> StudyView:
-    from autotune.storage.records import best_records
+    from autotune.storage.records import best_records, pareto_front
     from autotune.storage.results import identity_of
 
     identity = identity_of(study)
@@ -106,7 +98,8 @@ def study_view(study: optuna.Study) -> StudyView:
     outcomes = Counter(TrialRecord.of(t).state for t in trials if t.state.is_finished())
     return StudyView(study_name=study.study_name, identity=identity, simulated=simulated, directions=directions,
                      metric_names=names if len(names) == len(directions) else (), trials=trials, results=results,
-                     best=best, baseline=baseline, outcomes=outcomes)
+                     best=best, baseline=baseline, outcomes=outcomes,
+                     pareto=frozenset(r.number for r in pareto_front(study)) if len(directions) == 2 else frozenset())
 
 
 # ---- figures -------------------------------------------------------------------------------------------
@@ -246,17 +239,6 @@ def figure_parallel(view: StudyView, importances: dict[str, float] | None = None
     return fig
 
 
-def pareto_front(points: list[tuple[float, ...]], directions: tuple[str, ...]) -> list[int]:
-    """Indices of the non-dominated points (O(n^2): studies hold tens to hundreds of results)."""
-    signs = [1.0 if d == "maximize" else -1.0 for d in directions]
-    oriented = [[s * v for s, v in zip(signs, p)] for p in points]  # larger is better on every axis
-
-    def dominates(a, b) -> bool:
-        return all(x >= y for x, y in zip(a, b)) and any(x > y for x, y in zip(a, b))
-
-    return [i for i, p in enumerate(oriented) if not any(dominates(q, p) for j, q in enumerate(oriented) if j != i)]
-
-
 def figure_pareto(view: StudyView):
     if not view.multi_objective:
         raise NotPlotted("single-objective study (tokens/s per GPU only)")
@@ -264,7 +246,7 @@ def figure_pareto(view: StudyView):
         raise NotPlotted("no feasible result yet")
     names = view.metric_names or tuple(f"objective {i}" for i in range(len(view.directions)))
     points = [tuple(t.values[:2]) for t in view.results]
-    front = set(pareto_front(points, view.directions[:2]))
+    front = {i for i, t in enumerate(view.results) if t.number in view.pareto}
     fig, ax = _figure(view, "Pareto front of feasible results")
     others = [p for i, p in enumerate(points) if i not in front]
     if others:

@@ -163,7 +163,7 @@ def dashboard_app(storage, artifact_dir: Path):
         raise ConfigError("autotune dashboard needs optuna-dashboard: pip install 'verl-autotune[dashboard]'") from None
     from optuna.artifacts import FileSystemArtifactStore
 
-    if artifact_dir.parent.is_dir():  # the run's folder: probe logs land here (driver._keep_probe_log)
+    if artifact_dir.parent.is_dir():  # the run's folder: probe logs land here (search/driver.py keeps them)
         try:
             artifact_dir.mkdir(exist_ok=True)
         except OSError as exc:

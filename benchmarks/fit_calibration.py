@@ -14,11 +14,15 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+import sys
 from dataclasses import fields, replace
+from pathlib import Path
 
 from autotune.model.calibration import ACTIVATIONS, THROUGHPUT
-from autotune.model.calibration_rows import (H200, errors, load_rows, memory_rows, predict_peak_gib,
-                                                  predict_tokens_per_s, throughput_rows)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from calibration_rows import (H200, errors, load_rows, memory_rows, predict_peak_gib,  # noqa: E402
+                              predict_tokens_per_s, throughput_rows)
 
 MEM_KNOBS = ("per_h", "per_i", "logits_retained_bytes", "logits_transient_bytes", "logits_forward_bytes")
 THR_KNOBS = ("mfu_max_at_h2048", "mfu_max_log2_slope", "t_half_tokens_at_h2048", "t_half_log2_slope",

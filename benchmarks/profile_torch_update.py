@@ -2,7 +2,7 @@
 
     python benchmarks/profile_torch_update.py --model qwen2.5-1.5b --out benchmarks/results/
 
-Runs the probe's own update_actor (torch_workload.GrpoProbe, FSDP2 over one GPU, packed micro-batches)
+Runs the probe's own update_actor (probe/step.py GrpoProbe, FSDP2 over one GPU, packed micro-batches)
 on synthetic trajectories of the torch study's workload shape, so rollout time is skipped. For each
 micro-batch plan it prints tokens, update seconds and verl's update MFU; for the first plan it also
 prints the top CUDA kernels (torch.profiler) and how much of the wall time the GPU was busy. A variant
@@ -25,8 +25,12 @@ import torch
 
 from autotune.hardware import get_gpu, match_device_name
 from autotune.models import get_model
-from autotune.backends.torch import workload as tw
-from autotune.model.flops import mfu
+from autotune.backends.torch.probe.device import PhaseClock, init_dist
+from autotune.backends.torch.probe.kernels import grpo_advantages
+from autotune.backends.torch.probe.plan import sample_prompt_lengths
+from autotune.backends.torch.probe.request import WorkloadRequest
+from autotune.backends.torch.probe.step import GrpoProbe, Trajectories
+from autotune.verl.flops import mfu
 from autotune.spaces.candidate import Candidate
 from autotune.workload import Workload
 
@@ -34,26 +38,26 @@ sys.path.insert(0, str(Path(__file__).parent))
 from torch_update_plans import update_plans  # noqa: E402
 
 
-def synthetic_trajectories(probe: tw.GrpoProbe) -> tw.Trajectories:
-    lengths = tw.sample_prompt_lengths(probe.rng, probe.n_trajectories, probe.work)
+def synthetic_trajectories(probe: GrpoProbe) -> Trajectories:
+    lengths = sample_prompt_lengths(probe.rng, probe.n_trajectories, probe.work)
     vocab = probe.req.model.vocab_size
     tokens = [torch.randint(0, vocab, (p + probe.work.max_response_length,), device=probe.device) for p in lengths]
-    return tw.Trajectories(prompt_lengths=lengths, tokens=tokens, response_length=probe.work.max_response_length)
+    return Trajectories(prompt_lengths=lengths, tokens=tokens, response_length=probe.work.max_response_length)
 
 
 def measure(model_name: str, workload: Workload, candidate: Candidate, peak_flops: float, repeats: int,
             profile: bool) -> dict:
-    req = tw.WorkloadRequest(model=get_model(model_name), workload=workload, candidate=candidate, gpus_per_node=1,
-                             nodes=1, warmup_steps=1, timed_steps=repeats, device="cuda", peak_flops_per_gpu=peak_flops,
-                             seed=0, scale_trajectories=None, device_mem_gib=None, test_raise_oom_in=None)
-    dist = tw.init_dist("cuda")
-    probe = tw.GrpoProbe(req, dist, tw.PhaseClock(dist.device))
+    req = WorkloadRequest(model=get_model(model_name), workload=workload, candidate=candidate, gpus_per_node=1,
+                          nodes=1, warmup_steps=1, timed_steps=repeats, device="cuda", peak_flops_per_gpu=peak_flops,
+                          seed=0, scale_trajectories=None, device_mem_gib=None, test_raise_oom_in=None)
+    dist = init_dist("cuda")
+    probe = GrpoProbe(req, dist, PhaseClock(dist.device))
     # vLLM sleeps through training (free_cache_engine), as the probe's step does after generation; results
     # before 2026-12-02's third session kept this bf16 copy on the GPU during the update
     probe.rollout.to("cpu")
     traj = synthetic_trajectories(probe)
     rewards = torch.randint(0, 2, (len(traj.tokens),), device=probe.device)
-    advantages = tw.grpo_advantages(rewards, workload.rollout_n)
+    advantages = grpo_advantages(rewards, workload.rollout_n)
     old_lp = probe.old_log_prob(traj)
     ref_lp = probe.ref_log_prob(traj) if workload.use_kl_loss else None
     seconds, flops = [], 0.0

@@ -16,8 +16,8 @@ communication, fragmentation at large micro-batches, a Megatron engine 20% faste
 rollout TP scaling worse, and per-layout / per-rollout-setting factors (log-normal, sigma 0.10/0.15/0.25).
 Search seed s plays machine seed s % --machines (the machine's constants and factors), with run-to-run noise
 of 3% per phase per step. autotune's gate, warm start and corrections start from the unperturbed model. The
-true optimum of each machine comes from exact enumeration (autotune.search.optimum, checked against brute
-force in tests/search/test_optimum.py).
+true optimum of each machine comes from exact enumeration (benchmarks/optimum.py, checked against brute
+force in tests/benchmarks/test_optimum.py).
 
     python benchmarks/search_efficiency.py --campaign     # 2 jobs x 10 truths x 10 seeds x 40 probes (hours of CPU)
     python benchmarks/search_efficiency.py --campaign --truths layout_sigma0.15 --workers 2   # the committed table 1
@@ -45,13 +45,13 @@ import autotune.search.driver as driver
 from autotune.config import Budget, ProbeBudget, SearchOptions, TuneConfig
 from autotune.search.driver import run_study
 from autotune.search.equivalence import config_key
-from autotune.search.optimum import exact_optimum
 from autotune.spaces.candidate import Candidate
 from autotune.spaces.space import SearchSpace, verl_default_candidate
 from autotune.models import get_model
 from autotune.workload import Workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from optimum import exact_optimum  # noqa: E402
 from truths import NOISE_REL, PERTURBATION, TRUTH_BY_NAME, TRUTHS, Machine  # noqa: E402
 
 FIXED = {"use_torch_compile": True, "use_remove_padding": True, "cuda_device_max_connections": 1}

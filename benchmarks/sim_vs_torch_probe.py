@@ -111,7 +111,7 @@ def host_check(path: Path, model_name: str, workload: Workload, t: dict) -> tupl
     return path.name, t["number"], not host.fits
 
 
-# The probe sizes its generation KV pool with the sim's own vllm_kv_budget_bytes (torch_workload.py), so a
+# The probes below sized their generation KV pool with the sim's own vllm_kv_budget_bytes (until issue 21), so a
 # whole-probe peak measured in generation agrees with the sim by construction: such rows are printed but kept
 # out of the held-out error.
 GEN_PHASES = ("gen", "rollout")

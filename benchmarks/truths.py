@@ -17,7 +17,7 @@ benchmark's only truth before issue 19) and adds one effect the model lacks:
                   update phase and another on the log-prob passes, and each rollout setting (rollout TP,
                   max_num_seqs, chunked prefill) one on generation, log-normal with sigma S (median 1)
 
-Each keeps the structure the exact optimum's decomposition relies on (search/optimum.py): generation
+Each keeps the structure the exact optimum's decomposition relies on (benchmarks/optimum.py): generation
 depends on the rollout knobs only, each training phase on the layout and its own micro-batch knobs.
 """
 
@@ -36,7 +36,7 @@ from autotune.models import get_model
 from autotune.backends.base import ProbePruned, ProbeRequest, ProbeResult, ProbeRunner
 from autotune.model.calibration import DEFAULT_CONSTANTS, ModelConstants
 from autotune.model.cost import estimate_step_time
-from autotune.model.memory import (estimate_memory, kv_bytes_per_token, tokens_per_micro_batch,
+from autotune.model.memory import (estimate_memory, tokens_per_micro_batch,
                                         vllm_kv_cache_bytes)
 from autotune.backends.sim import SIMULATED_STARTUP_S
 from autotune.spaces.candidate import Candidate
@@ -119,8 +119,8 @@ class TruthEvaluator:
         peaks = dict(mem.phase_peak_gib)
         effect, tp = self.truth.effect, cand.actor_tp if cand.is_megatron else 1
         if effect == "preemption":
-            kv_tokens = vllm_kv_cache_bytes(self.model, self.gpu, cand, self.k) / kv_bytes_per_token(
-                self.model, cand.rollout_tp)
+            kv_tokens = (vllm_kv_cache_bytes(self.model, self.gpu, cand, self.k)
+                         / self.model.kv_cache_bytes_per_token(cand.rollout_tp))
             seqs = self.workload.trajectories_per_step / max(layout.rollout_replicas, 1)
             full = self.workload.prompt_fill * self.workload.max_prompt_length + self.workload.max_response_length
             if min(cand.max_num_seqs, seqs) * full > kv_tokens:

@@ -12,8 +12,9 @@ import optuna
 import pytest
 
 from autotune.cli import main
-from autotune.report import (NotPlotted, figure_gpu, figure_history, figure_pareto, figure_phases, is_result,
-                             pareto_front, study_view, write_report)
+from autotune.report import (NotPlotted, figure_gpu, figure_history, figure_pareto, figure_phases, study_view,
+                             write_report)
+from autotune.storage.records import is_result
 
 STUDY = "qwen2.5-1.5b-1x8-sim"
 POISON_TPS = 987654.0  # what an infeasible placeholder would show if it leaked into a figure or the page
@@ -187,12 +188,6 @@ def test_pareto_front_of_a_multi_objective_study(sim_run, tmp_path):
     assert "tokens_per_s_per_gpu (maximize)" == fig.axes[0].get_xlabel()
     report = write_report(study, tmp_path / "rep", storage_url=to)
     assert "pareto" in report.figures
-
-
-def test_pareto_front_function():
-    points = [(10.0, 50.0), (12.0, 60.0), (9.0, 40.0), (8.0, 55.0), (12.0, 70.0)]
-    assert pareto_front(points, ("maximize", "minimize")) == [0, 1, 2]
-    assert pareto_front(points, ("maximize", "maximize")) == [4]
 
 
 @pytest.mark.parametrize("argv, message", [

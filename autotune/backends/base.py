@@ -86,25 +86,17 @@ class ProbePruned(Exception):
 
 
 # name -> "module:Class"; imported only when chosen, so heavy extras stay optional.
-_BACKENDS: dict[str, str] = {
+BACKENDS: dict[str, str] = {
     "sim": "autotune.backends.sim:SimRunner",
     "verl": "autotune.backends.verl.runner:VerlRunner",
     "torch": "autotune.backends.torch.runner:TorchRunner",
 }
-_NOT_YET: dict[str, str] = {}
 BACKEND_NAMES = ("auto", "sim", "torch", "verl")
 
 
-def register_backend(name: str, target: str) -> None:
-    _BACKENDS[name] = target
-    _NOT_YET.pop(name, None)
-
-
 def get_runner(name: str, **kwargs) -> ProbeRunner:
-    if name in _NOT_YET and name not in _BACKENDS:
-        raise BackendUnavailable(_NOT_YET[name])
-    if name not in _BACKENDS:
+    if name not in BACKENDS:
         raise BackendUnavailable(f"unknown backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
-    module_name, cls_name = _BACKENDS[name].split(":")
+    module_name, cls_name = BACKENDS[name].split(":")
     module = importlib.import_module(module_name)
     return getattr(module, cls_name)(**kwargs)

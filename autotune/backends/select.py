@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from autotune.errors import BackendUnavailable
 from autotune.hardware import DetectedGpus
-from autotune.backends.base import _BACKENDS, _NOT_YET, BACKEND_NAMES
+from autotune.backends.base import BACKEND_NAMES
 
 # Python packages each real backend needs on the probing machine.
 REQUIREMENTS = {"verl": ("verl", "vllm", "ray"), "torch": ("torch", "transformers")}
@@ -52,8 +52,6 @@ def unavailable_reason(name: str, gpus: DetectedGpus | None) -> str | None:
     """Why `name` cannot run here, or None when it can."""
     if name == "sim":
         return None
-    if name in _NOT_YET and name not in _BACKENDS:
-        return _NOT_YET[name]
     missing = missing_requirements(name)
     if missing:
         return f"the {name} backend needs {', '.join(missing)} ({EXTRAS[name]})"

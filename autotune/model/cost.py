@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from autotune.hardware import GpuSpec
 from autotune.models import ModelSpec
 from autotune.model.calibration import DEFAULT_CONSTANTS, THROUGHPUT, ModelConstants, ThroughputConstants
-from autotune.model.flops import train_flops_uniform
-from autotune.model.memory import (BF16, FP32, actor_state_bytes, kv_bytes_per_token, ref_weight_bytes,
+from autotune.verl.flops import train_flops_uniform
+from autotune.model.memory import (BF16, FP32, actor_state_bytes, ref_weight_bytes,
                                         tokens_per_micro_batch, trained_params,
                                         train_activation_bytes, vllm_kv_cache_bytes)
 from autotune.spaces.candidate import Candidate
@@ -262,7 +262,7 @@ def _rollout_s(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candida
     seqs = workload.trajectories_per_step / replicas
     prompt = workload.prompt_fill * workload.max_prompt_length
     resp_max, resp_mean = workload.max_response_length, workload.response_mean
-    kv_per_token = kv_bytes_per_token(model, tp)
+    kv_per_token = model.kv_cache_bytes_per_token(tp)
     kv_tokens = max(vllm_kv_cache_bytes(model, gpu, cand, k), 0.0) / kv_per_token
     # vLLM allocates KV blocks as tokens arrive, so a slot holds the prompt and its response so far
     concurrency = max(min(cand.max_num_seqs, kv_tokens / (prompt + resp_mean), seqs), 1.0)

@@ -24,6 +24,7 @@ from autotune.model.calibration import ACTIVATIONS, DEFAULT_CONSTANTS, Activatio
 from autotune.spaces.candidate import Candidate
 from autotune.spaces.layout import ParallelLayout
 from autotune.workload import Workload
+from autotune.verl.rollout import effective_batched_tokens
 from autotune.verl.roles import need_reference_policy, separate_reference
 
 BF16 = 2
@@ -98,12 +99,6 @@ def forward_logits_bytes(model: ModelSpec, tokens: float, c: ActivationConstants
         return tokens * model.vocab_size * c.verl_padded_entropy_forward_bytes
     entropy = c.verl_entropy_compiled_bytes if compiled else c.verl_entropy_bytes
     return tokens * model.vocab_size * (c.verl_logits_forward_bytes + entropy)
-
-
-def kv_bytes_per_token(model: ModelSpec, tp: int = 1) -> float:
-    """K and V (MLA: its latent), bf16, every layer; KV heads split over TP, replicated when TP exceeds them
-    (vLLM). The per-layer width is the model's own (models.py kv_cache_elems_per_token_per_layer)."""
-    return model.num_layers * model.kv_cache_elems_per_token_per_layer(tp) * BF16
 
 
 # ---- verl's engines ---------------------------------------------------------------------------------
@@ -253,14 +248,6 @@ def inference_bytes_per_token(model: ModelSpec, k: ModelConstants = DEFAULT_CONS
     return r.activation_bytes_per_token_h * model.hidden_size + r.activation_bytes_per_token_i * mlp_width(model)
 
 
-def effective_batched_tokens(cand: Candidate, max_model_len: int = 0) -> int:
-    """vLLM's max_num_batched_tokens as verl starts it: with chunked prefill off, verl raises it to max_model_len
-    (verl/workers/rollout/vllm_rollout/vllm_async_server.py:1113-1119)."""
-    if cand.enable_chunked_prefill:
-        return cand.max_num_batched_tokens
-    return max(cand.max_num_batched_tokens, max_model_len)
-
-
 def vllm_profile_bytes(model: ModelSpec, cand: Candidate, k: ModelConstants = DEFAULT_CONSTANTS,
                        max_model_len: int = 0) -> float:
     """What vLLM's profile run reserves before sizing the KV cache: activations of one
@@ -275,7 +262,8 @@ def vllm_profile_bytes(model: ModelSpec, cand: Candidate, k: ModelConstants = DE
 def vllm_kv_budget_bytes(model: ModelSpec, cand: Candidate, total_mem_bytes: float,
                          k: ModelConstants = DEFAULT_CONSTANTS, max_model_len: int = 0) -> float:
     """KV cache vLLM can allocate on a GPU of `total_mem_bytes`: its share minus weights and what its
-    profile run reserved. The torch probe sizes its KV pool with this too, from the device's own total."""
+    profile run reserved. The torch probe measures the same quantities instead
+    (backends/torch/probe/step.py), so the two can be compared."""
     share = cand.gpu_memory_utilization * total_mem_bytes
     return share - vllm_weights_bytes(model, cand.rollout_tp) - vllm_profile_bytes(model, cand, k, max_model_len)
 
@@ -374,7 +362,7 @@ def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Ca
     }
     # vLLM must hold one sequence of rollout.max_model_len (exported: prompt + response unless the user set it)
     kv = vllm_kv_cache_bytes(model, gpu, cand, k, workload.rollout_max_model_len)
-    kv_needed = kv_bytes_per_token(model, cand.rollout_tp) * workload.rollout_max_model_len
+    kv_needed = model.kv_cache_bytes_per_token(cand.rollout_tp) * workload.rollout_max_model_len
     return MemoryEstimate(capacity_gib=gpu.mem_gib, phase_peak_gib={k: v / GIB for k, v in phases.items()},
                           components_gib=components, kv_cache_gib=kv / GIB, kv_cache_needed_gib=kv_needed / GIB,
                           worst_phase=worst)

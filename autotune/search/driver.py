@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 from autotune import interrupt
 from autotune.search import lease
 from autotune.config import TuneConfig
-from autotune.errors import (ConfigError, ProbeEnvironmentError, ProbeError, ProbeOOM, ProbeRejected,
+from autotune.errors import (ConfigError, ProbeEnvironmentError, ProbeOOM, ProbeRejected,
                              RunFolderError)
 from autotune.backends.base import ProbePruned, ProbeRequest, ProbeResult, ProbeRunner
 from autotune.model.host_memory import HOST_HEADROOM, estimate_host_memory
@@ -29,6 +29,7 @@ from autotune.search.prescreen import MemoryGate, inferred_oom, known_fit, memor
 from autotune.search.sampler import make_pruner, make_sampler
 from autotune.search import learned
 from autotune.search.equivalence import config_key
+from autotune.search.executor import Executor, Finished, InProcess, Launch, Report
 from autotune.search.warmstart import rank_space
 from autotune.spaces.candidate import Candidate
 from autotune.verl.roles import separate_reference
@@ -250,50 +251,111 @@ def start_study(cfg: TuneConfig) -> tuple[SearchSpace, optuna.Study]:
     return space, study
 
 
-def run_study(cfg: TuneConfig, runner: ProbeRunner, *, on_trial: TrialCallback | None = None,
-              on_step: Callable[[int, int, float], None] | None = None,
+def run_study(cfg: TuneConfig, runner: ProbeRunner, *, executor: Executor | None = None,
+              on_trial: TrialCallback | None = None, on_step: Callable[[int, int, float], None] | None = None,
               on_start: Callable[[optuna.Study], None] | None = None) -> optuna.Study:
     """Run trials until the study holds `cfg.trials` finished ones or the budget ends (a second run resumes).
-    `on_start` sees the opened study first (a resumed study's finished trials, for the progress panel)."""
+
+    The one study loop: `runner` answers the pre-launch checks, `executor` runs the probes (in this process by
+    default; search/ray_executor.py runs several at once). `on_start` sees the opened study first (a resumed
+    study's finished trials, for the progress panel)."""
     cfg = fit_to_runner(cfg, runner)
+    executor = executor or InProcess(runner)
     space, study = start_study(cfg)
     if on_start:
         on_start(study)
     ctx = StudyContext(cfg=cfg, space=space, runner=runner, on_step=on_step)
     started_s = time.monotonic()
-    while finished_count(study) < cfg.trials:
-        stop = budget_left(cfg, study, started_s)
-        if stop:
-            study.set_user_attr("stopped_by", stop)
-            break
-        if fail_dead_local_trials(study):
-            enqueue_baseline(study, cfg, space)
-        if not cfg.tune_workload:
-            propose_from_model(study, cfg, space)
-        trial, beat = None, None
+    running: dict[int, tuple[optuna.Trial, lease.Heartbeat]] = {}  # asked by this loop, outcome not yet stored
+    try:
+        while True:
+            stop = budget_left(cfg, study, started_s)
+            while (stop is None and executor.in_flight() < executor.capacity()
+                   and finished_count(study) + executor.in_flight() < cfg.trials):
+                if fail_dead_local_trials(study):
+                    enqueue_baseline(study, cfg, space)
+                if not cfg.tune_workload:
+                    propose_from_model(study, cfg, space)
+                with interrupt.critical():  # a signal here would leave a RUNNING trial nobody claims
+                    trial = study.ask()
+                    lease.take(trial)
+                    running[trial.number] = (trial, lease.Heartbeat(trial).start())
+                prepared = _unless_taken_over(study, trial, lambda: prepare_trial(ctx, study, trial))
+                if prepared is None:  # decided without a probe (or taken over by another tuner)
+                    _end_trial(study, trial, running, on_trial)
+                else:
+                    executor.submit(Launch(trial, *prepared), _reporter(ctx, study, trial))
+                stop = budget_left(cfg, study, started_s)
+            if not executor.in_flight():
+                if stop and finished_count(study) < cfg.trials:
+                    study.set_user_attr("stopped_by", stop)
+                break
+            for done in executor.wait():
+                _store_outcome(study, done)
+                _end_trial(study, done.launch.trial, running, on_trial)
+    except BaseException as exc:
         try:
-            with interrupt.critical():  # a signal here would leave a RUNNING trial nobody claims
-                trial = study.ask()
-                lease.take(trial)
-                beat = lease.Heartbeat(trial).start()
-            _run_trial(ctx, study, trial)
-        except KeyboardInterrupt:
-            if trial is not None:
-                with interrupt.critical():
-                    _fail_interrupted(study, trial)
-            raise
-        except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
-            # another tuner failed this trial while its storage was unreachable (no heartbeat for GRACE_S) and
-            # queued a retry; our result cannot be stored on it (Optuna's tell says so with a ValueError)
-            if trial is None or not study.trials[trial.number].user_attrs.get("interrupted"):
-                raise
-            continue
+            if isinstance(exc, KeyboardInterrupt):  # a stopped tuner leaves nothing RUNNING: first, before a
+                with interrupt.critical():          # second signal can land
+                    for trial, _beat in running.values():
+                        _fail_interrupted(study, trial)
         finally:
-            if beat is not None:
+            for launch in executor.cancel():
+                _keep_probe_log(launch.trial, Path(launch.request.run_dir))
+            for _trial, beat in running.values():
                 beat.stop()
-        if on_trial:
-            on_trial(study.trials[trial.number])
+        raise
     return study
+
+
+def _unless_taken_over(study: optuna.Study, trial: optuna.Trial, step: Callable[[], object]) -> object | None:
+    """`step()`, or None when another tuner failed this trial while our storage was unreachable (no heartbeat for
+    GRACE_S) and queued a retry: our outcome cannot be stored on it (Optuna's tell says so with a ValueError)."""
+    try:
+        return step()
+    except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
+        if not study.trials[trial.number].user_attrs.get("interrupted"):
+            raise
+        return None
+
+
+def _store_outcome(study: optuna.Study, done: Finished) -> None:
+    """A finished probe: keep its log, then store its outcome on the trial (a lost run folder stops the study)."""
+    trial, run_dir = done.launch.trial, Path(done.launch.request.run_dir)
+    _keep_probe_log(trial, run_dir)
+
+    def store() -> None:
+        if isinstance(done.error, OSError):
+            _fail_run_folder(study, trial, run_dir, done.error)
+        record_outcome(study, trial, done.launch.ratio, result=done.result, error=done.error)
+
+    _unless_taken_over(study, trial, store)
+
+
+def _end_trial(study: optuna.Study, trial: optuna.Trial, running: dict[int, tuple[optuna.Trial, lease.Heartbeat]],
+               on_trial: TrialCallback | None) -> None:
+    """The trial's outcome is stored (or another tuner's): stop its heartbeat and tell the caller."""
+    _trial, beat = running.pop(trial.number)
+    beat.stop()
+    if on_trial and "interrupted" not in study.trials[trial.number].user_attrs:
+        on_trial(study.trials[trial.number])
+
+
+def _reporter(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial) -> Report:
+    """The per-step callback of a probe: progress, a stop request, and Optuna's pruner (single objective)."""
+    multi = len(study.directions) == 2
+
+    def report(step: int, tokens_per_s_per_gpu: float) -> bool:
+        interrupt.check()
+        if ctx.on_step:
+            ctx.on_step(trial.number, step, tokens_per_s_per_gpu)
+        if multi:  # Optuna prunes single-objective studies only
+            return False
+        trial.report(tokens_per_s_per_gpu, step)
+        # the corrected model's picks run to the end: their phase times are what it learns from
+        return trial.should_prune() and not trial.user_attrs.get("model_proposal")
+
+    return report
 
 
 def _fail_interrupted(study: optuna.Study, trial: optuna.Trial) -> None:
@@ -321,12 +383,6 @@ def _find_duplicate(study: optuna.Study, trial: optuna.Trial, kl: bool) -> optun
     return None
 
 
-def _run_trial(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial) -> None:
-    prepared = prepare_trial(ctx, study, trial)
-    if prepared is not None:
-        _probe(ctx, study, trial, *prepared)
-
-
 def prepare_trial(ctx: StudyContext, study: optuna.Study,
                   trial: optuna.Trial) -> tuple[ProbeRequest, float] | None:
     """Everything before a launch: suggest, rules, inferred OOMs, the memory gate. Returns the probe to run
@@ -345,8 +401,6 @@ def prepare_trial(ctx: StudyContext, study: optuna.Study,
             raise ConfigError(f"study {cfg.study_name!r} was started with other choices for a knob than this run "
                               "offers (another backend or other ranges); resume it with the same ones, or use "
                               "another --study") from None
-    if "pid" not in trial.user_attrs:  # the run loop took it already; the Ray executor has not
-        lease.take(trial)
     holder = lease.claim(study, trial)
     if holder is not None:
         trial.set_user_attr("state", "skipped")
@@ -440,32 +494,6 @@ def launch_request(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial, 
                         timed_steps=cfg.probe.timed_steps)
 
 
-def _probe(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial, request: ProbeRequest, ratio: float) -> None:
-    multi = len(study.directions) == 2
-
-    def report(step: int, tokens_per_s_per_gpu: float) -> bool:
-        interrupt.check()
-        if ctx.on_step:
-            ctx.on_step(trial.number, step, tokens_per_s_per_gpu)
-        if multi:  # Optuna prunes single-objective studies only
-            return False
-        trial.report(tokens_per_s_per_gpu, step)
-        # the corrected model's picks run to the end: their phase times are what it learns from
-        return trial.should_prune() and not trial.user_attrs.get("model_proposal")
-
-    try:
-        try:
-            result = ctx.runner.probe(request, report)
-        finally:
-            _keep_probe_log(study, trial, Path(request.run_dir))
-    except (ProbeError, ProbePruned) as exc:
-        record_outcome(study, trial, ratio, error=exc)
-        return
-    except OSError as exc:  # the run folder: disk full, read-only, removed under us
-        _fail_run_folder(study, trial, Path(request.run_dir), exc)
-    record_outcome(study, trial, ratio, result=result)
-
-
 def _fail_run_folder(study: optuna.Study, trial: optuna.Trial, run_dir: Path, exc: OSError) -> None:
     """A probe cannot run without its folder: record the trial as failed and stop the study with the cause."""
     reason = f"cannot write the run folder {run_dir}: {exc.strerror or exc}"
@@ -517,7 +545,7 @@ def record_outcome(study: optuna.Study, trial: optuna.Trial, ratio: float, *, re
         study.tell(trial, [result.tokens_per_s_per_gpu, result.peak_mem_gib] if multi else result.tokens_per_s_per_gpu)
 
 
-def _keep_probe_log(study: optuna.Study, trial: optuna.Trial, run_dir: Path) -> None:
+def _keep_probe_log(trial: optuna.Trial, run_dir: Path) -> None:
     """Store the probe's log as an Optuna artifact (the dashboard shows it next to the trial)."""
     log_path = run_dir / "probe.log"
     if not log_path.is_file():

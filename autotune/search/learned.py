@@ -22,6 +22,7 @@ import math
 import operator
 import random
 import statistics
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -36,7 +37,7 @@ from autotune.model.host_memory import estimate_host_memory
 from autotune.model.memory import estimate_memory
 from autotune.search.equivalence import canonical_params, config_key
 from autotune.search.prescreen import MemoryGate, dominates_oom, measured_outcomes, memory_ratio
-from autotune.search.warmstart import _neighbours, _shape, sample_point
+from autotune.search.warmstart import neighbours, sample_point
 from autotune.spaces.candidate import Candidate
 from autotune.verl.roles import separate_reference
 from autotune.verl.rules import check
@@ -270,7 +271,7 @@ def _polish(space: SearchSpace, start: Scored, acq: Acquisition, rounds: int = 2
     best = start
     for _ in range(rounds):
         improved = False
-        for cand in _neighbours(space, best.candidate, best.workload):
+        for cand in neighbours(space, best.candidate, best.workload):
             s = acq(cand, best.workload)
             if s is not None and s.score > best.score * 1.0001:
                 best, improved = s, True
@@ -282,7 +283,7 @@ def _polish(space: SearchSpace, start: Scored, acq: Acquisition, rounds: int = 2
 # Candidates the model knows, per study and process: the best few of each layout from a wide sample, and every
 # polished pick since. Scoring them under the corrected model costs a GP lookup each (their base predictions
 # are cached), so each proposal sees every layout, not only those a small fresh sample happens to draw.
-_POOLS: dict = {}
+_POOLS: "weakref.WeakKeyDictionary[optuna.Study, dict]" = weakref.WeakKeyDictionary()
 POOL_SAMPLES = 2000
 POOL_PER_SHAPE = 2
 
@@ -292,8 +293,7 @@ def _pool_shape(cand: Candidate) -> tuple:
 
 
 def candidate_pool(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> dict:
-    key = (id(study._storage), study._study_id)
-    pool = _POOLS.get(key)
+    pool = _POOLS.get(study)
     if pool is not None:
         return pool
     rng = random.Random(cfg.seed)
@@ -313,7 +313,7 @@ def candidate_pool(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> 
             pool[(canon, repr(workload))] = (canon, workload)
     if len(_POOLS) > 64:
         _POOLS.clear()
-    _POOLS[key] = pool
+    _POOLS[study] = pool
     return pool
 
 

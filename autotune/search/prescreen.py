@@ -23,10 +23,17 @@ from optuna.trial import TrialState
 
 from autotune.model.memory import MemoryEstimate
 
-# memory non-decreasing in each of these, everything else fixed
-MONOTONE_UP = ("ppo_micro_batch_size_per_gpu", "log_prob_micro_batch_size_per_gpu",
-               "ref_log_prob_micro_batch_size_per_gpu", "ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu",
-               "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens")
+# Memory is non-decreasing in each of these knobs, everything else fixed: knob -> the phases whose memory it drives.
+MONOTONE_UP: dict[str, tuple[str, ...]] = {
+    "ppo_micro_batch_size_per_gpu": ("update_actor",),
+    "ppo_max_token_len_per_gpu": ("update_actor",),
+    "log_prob_micro_batch_size_per_gpu": ("old_log_prob",),
+    "ref_log_prob_micro_batch_size_per_gpu": ("ref",),
+    "log_prob_max_token_len_per_gpu": ("old_log_prob", "ref"),
+    "gpu_memory_utilization": ("rollout",),
+    "max_num_seqs": ("rollout",),
+    "max_num_batched_tokens": ("rollout",),
+}
 # vLLM's KV room shrinks with these up and grows with gpu_memory_utilization; it depends on nothing
 # else but the rollout TP (the KV budget is share - weights/TP - activations - sampler).
 KV_KEY = ("rollout_tp",)

@@ -11,16 +11,15 @@ bundle's node. Pruning needs per-step reports in the driver and is not done for 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from pathlib import Path
 
 import optuna
 
 from autotune.config import TuneConfig
 from autotune.errors import BackendUnavailable, ProbeCrashed, ProbeEnvironmentError, ProbeOOM, ProbeRejected, ProbeTimeout
 from autotune.backends.base import ProbePruned, ProbeRequest, ProbeRunner, get_runner
-from autotune.search import driver, lease
+from autotune.search.driver import run_study
+from autotune.search.executor import Finished, Launch, Report
 
 _ERRORS = {"ProbeRejected": ProbeRejected, "ProbeCrashed": ProbeCrashed, "ProbeTimeout": ProbeTimeout,
            "ProbeEnvironmentError": ProbeEnvironmentError}
@@ -61,83 +60,71 @@ def outcome_error(doc: dict) -> Exception | None:
     return _ERRORS[name](doc["message"])
 
 
+class RayExecutor:
+    """Probes as Ray tasks, each in a placement group that reserves its job's GPUs (see the module docstring)."""
+
+    def __init__(self, cfg: TuneConfig, *, max_in_flight: int | None = None) -> None:
+        ray = _ray()
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self._ray, self._backend, self._nodes = ray, cfg.backend, cfg.nodes
+        self._placement_group, self._remove = placement_group, remove_placement_group
+        self._strategy = PlacementGroupSchedulingStrategy
+        self._remote = ray.remote(probe_on_worker)
+        cluster_gpus = ray.cluster_resources().get("GPU", 0)
+        # simulated probes need no GPU; they still reserve them where the cluster has some (fake GPUs in CI), so
+        # the placement is exercised exactly as for real probes
+        self._gpus = cfg.gpus_per_node if (cfg.backend != "sim" or cluster_gpus >= cfg.world_size) else 0
+        if self._gpus and cluster_gpus < cfg.world_size:
+            raise BackendUnavailable(f"the Ray cluster has {cluster_gpus:g} GPUs; one probe of this job needs "
+                                     f"{cfg.world_size}")
+        self._bundles = [{"GPU": self._gpus, "CPU": 1} if self._gpus else {"CPU": 1}] * cfg.nodes
+        capacity = (int(cluster_gpus // cfg.world_size) if self._gpus
+                    else int(ray.cluster_resources().get("CPU", 1) // cfg.nodes))
+        self._slots = max(min(max_in_flight or capacity, capacity), 1)
+        self._pending: dict = {}  # Ray object ref -> (launch, placement group)
+
+    def capacity(self) -> int:
+        return self._slots
+
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def submit(self, launch: Launch, report: Report) -> None:  # no per-step reports from remote probes
+        pg = self._placement_group(self._bundles, strategy="STRICT_SPREAD" if self._nodes > 1 else "PACK")
+        ref = self._remote.options(num_cpus=1, num_gpus=self._gpus, scheduling_strategy=self._strategy(
+            placement_group=pg, placement_group_bundle_index=0)).remote(self._backend, launch.request)
+        self._pending[ref] = (launch, pg)
+
+    def wait(self) -> list[Finished]:
+        done, _ = self._ray.wait(list(self._pending), num_returns=1)
+        finished = []
+        for ref in done:
+            launch, pg = self._pending.pop(ref)
+            doc = self._ray.get(ref)
+            self._remove(pg)
+            finished.append(Finished(launch, result=doc.get("result"), error=outcome_error(doc)))
+        return finished
+
+    def cancel(self) -> list[Launch]:
+        launches = []
+        for ref, (launch, pg) in self._pending.items():  # nothing left holding a GPU
+            self._ray.cancel(ref, force=True)
+            self._remove(pg)
+            launches.append(launch)
+        self._pending.clear()
+        return launches
+
+
 def run_study_ray(cfg: TuneConfig, *, address: str | None = None, max_in_flight: int | None = None,
                   on_trial: Callable | None = None, ray_init_kwargs: dict | None = None) -> optuna.Study:
-    """Like driver.run_study, with up to `max_in_flight` probes running at once as Ray tasks."""
+    """driver.run_study with up to `max_in_flight` probes running at once as Ray tasks."""
     ray = _ray()
     if not ray.is_initialized():
         ray.init(address=address, **(ray_init_kwargs or {}))
-    from ray.util.placement_group import placement_group, remove_placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
     runner: ProbeRunner = get_runner(cfg.backend) if cfg.backend == "sim" else _LocalChecks(cfg.backend)
-    cfg = driver.fit_to_runner(cfg, runner)
-    space, study = driver.start_study(cfg)
-    ctx = driver.StudyContext(cfg=cfg, space=space, runner=runner)
-    remote = ray.remote(probe_on_worker)
-    cluster_gpus = ray.cluster_resources().get("GPU", 0)
-    # simulated probes need no GPU; they still reserve them where the cluster has some (fake GPUs in CI), so the
-    # placement is exercised exactly as for real probes
-    gpus = cfg.gpus_per_node if (cfg.backend != "sim" or cluster_gpus >= cfg.world_size) else 0
-    if gpus and cluster_gpus < cfg.world_size:
-        raise BackendUnavailable(f"the Ray cluster has {cluster_gpus:g} GPUs; one probe of this job needs "
-                                 f"{cfg.world_size}")
-    bundles = [{"GPU": gpus, "CPU": 1} if gpus else {"CPU": 1}] * cfg.nodes
-    capacity = int(cluster_gpus // cfg.world_size) if gpus else int(ray.cluster_resources().get("CPU", 1) // cfg.nodes)
-    slots = max(min(max_in_flight or capacity, capacity), 1)
-    pending: dict = {}
-    beats: dict[int, lease.Heartbeat] = {}
-    started_s = time.monotonic()
-    try:
-        while True:
-            stop = driver.budget_left(cfg, study, started_s)
-            room = driver.finished_count(study) + len(pending) < cfg.trials and stop is None
-            while room and len(pending) < slots:
-                driver.propose_from_model(study, cfg, space)
-                trial = study.ask()
-                prepared = driver.prepare_trial(ctx, study, trial)
-                if prepared is None:
-                    _announce(study, trial, on_trial)
-                else:
-                    request, ratio = prepared
-                    pg = placement_group(bundles, strategy="STRICT_SPREAD" if cfg.nodes > 1 else "PACK")
-                    ref = remote.options(num_cpus=1, num_gpus=gpus, scheduling_strategy=
-                                         PlacementGroupSchedulingStrategy(placement_group=pg,
-                                                                          placement_group_bundle_index=0)
-                                         ).remote(cfg.backend, request)
-                    pending[ref] = (trial, request, ratio, pg)
-                    beats[trial.number] = lease.Heartbeat(trial).start()  # other tuners see it is alive
-                room = driver.finished_count(study) + len(pending) < cfg.trials and \
-                    driver.budget_left(cfg, study, started_s) is None
-            if not pending:
-                if stop:
-                    study.set_user_attr("stopped_by", stop)
-                break
-            done, _ = ray.wait(list(pending), num_returns=1)
-            trial, request, ratio, pg = pending.pop(done[0])
-            beats.pop(trial.number).stop()
-            doc = ray.get(done[0])
-            remove_placement_group(pg)
-            driver._keep_probe_log(study, trial, Path(request.run_dir))
-            driver.record_outcome(study, trial, ratio, result=doc.get("result"), error=outcome_error(doc))
-            _announce(study, trial, on_trial)
-    except BaseException:
-        for beat in beats.values():
-            beat.stop()
-        for trial, _, _, pg in pending.values():  # interrupted: nothing left RUNNING, no GPU held
-            trial.set_user_attr("state", "failed")
-            trial.set_user_attr("reason", "interrupted by the user")
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            remove_placement_group(pg)
-        for ref in pending:
-            ray.cancel(ref, force=True)
-        raise
-    return study
-
-
-def _announce(study: optuna.Study, trial: optuna.Trial, on_trial: Callable | None) -> None:
-    if on_trial:
-        on_trial(study.trials[trial.number])
+    return run_study(cfg, runner, executor=RayExecutor(cfg, max_in_flight=max_in_flight), on_trial=on_trial)
 
 
 class _LocalChecks(ProbeRunner):

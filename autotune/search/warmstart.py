@@ -108,7 +108,7 @@ def predicted(cfg: TuneConfig, cand: Candidate, workload: Workload, gate: Memory
     return step.tokens_per_step / step_s / layout.world_size
 
 
-def _neighbours(space: SearchSpace, cand: Candidate, workload: Workload):
+def neighbours(space: SearchSpace, cand: Candidate, workload: Workload):
     params = cand.as_params()
     partial = {"actor_engine": params["actor_engine"], "use_dynamic_bsz": params["use_dynamic_bsz"]}
     for name in space.active_knobs(partial, workload):
@@ -128,7 +128,7 @@ def polish(cfg: TuneConfig, space: SearchSpace, start: Ranked, gate: MemoryGate,
     best = start
     for _ in range(rounds):
         improved = False
-        for cand in _neighbours(space, best.candidate, best.workload):
+        for cand in neighbours(space, best.candidate, best.workload):
             score = predicted(cfg, cand, best.workload, gate, correction=correction)
             if score is not None and score > best.predicted_tokens_per_s_per_gpu * 1.0001:
                 best, improved = Ranked(score, cand, best.workload), True

@@ -59,16 +59,23 @@ def records(study: optuna.Study) -> list[TrialRecord]:
     return [TrialRecord.of(t) for t in study.get_trials(deepcopy=False)]
 
 
+def is_result(t: FrozenTrial) -> bool:
+    """A real measurement or simulation of a feasible configuration: never a rejected/OOM placeholder."""
+    if t.state != TrialState.COMPLETE or t.user_attrs.get("feasible") is False:
+        return False
+    if any(v > 0 for v in (t.constraints or {}).values()):
+        return False
+    return TrialRecord.of(t).feasible_measurement
+
+
 def feasible_measured(study: optuna.Study) -> list[TrialRecord]:
-    return [r for r in records(study) if r.optuna_state == "COMPLETE" and r.feasible_measurement]
+    return [TrialRecord.of(t) for t in study.get_trials(deepcopy=False) if is_result(t)]
 
 
 def pareto_front(study: optuna.Study) -> list[TrialRecord]:
-    """Feasible measured trials no other one beats in both tokens/s (higher) and peak memory (lower)."""
-    pts = [r for r in feasible_measured(study) if r.peak_mem_gib is not None]
-    front = [r for r in pts if not any(o.tokens_per_s_per_gpu >= r.tokens_per_s_per_gpu and o.peak_mem_gib <= r.peak_mem_gib
-                                       and (o.tokens_per_s_per_gpu, o.peak_mem_gib) != (r.tokens_per_s_per_gpu, r.peak_mem_gib)
-                                       for o in pts)]
+    """A multi-objective study's results that no other beats in both tokens/s (higher) and peak memory (lower),
+    fastest first: Optuna's `study.best_trials` (feasible trials only, by their constraints)."""
+    front = [TrialRecord.of(t) for t in study.best_trials if is_result(t)]
     return sorted(front, key=lambda r: r.tokens_per_s_per_gpu, reverse=True)
 
 

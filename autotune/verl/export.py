@@ -10,19 +10,17 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
-import re
 from pathlib import Path
 
 import yaml
 
 from autotune.models import ModelSpec
 from autotune.spaces.candidate import Candidate
+from autotune.verl.hydra_syntax import hydra_value
 from autotune.verl.keys import ADDED_KEYS, OTC, TABLE, Job, engine_of
 from autotune.workload import Workload
 
 VERL_CONFIG_SEARCHPATH = "pkg://verl.trainer.config"
-# Characters Hydra's override grammar accepts unquoted in a value; anything else is quoted.
-_HYDRA_BARE = re.compile(r"^[A-Za-z0-9_./@-]+$")
 _RECOMPUTE_KEYS = tuple(f"{OTC}.{leaf}" for leaf in ("recompute_granularity", "recompute_method",
                                                       "recompute_num_layers", "recompute_modules"))
 
@@ -74,30 +72,6 @@ def model_engine(candidate: Candidate) -> str:
     return "megatron" if candidate.is_megatron else "dp"
 
 
-def _hydra_value(value) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "True" if value else "False"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, (list, tuple)):  # Hydra's list syntax, e.g. [q_proj,v_proj]
-        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
-    text = str(value)
-    if not _HYDRA_BARE.match(text) or text.lower() in ("null", "true", "false") or _looks_numeric(text):
-        return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    return text
-
-
-def _looks_numeric(text: str) -> bool:
-    """A string Hydra would read as a number must stay a string (Ray env vars must be str)."""
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
 @functools.lru_cache(maxsize=4)
 def _verl_declared_keys(engine: str) -> frozenset[str] | None:
     """Every dotted key of verl's ppo_trainer composed for `engine` (the optimizer and engine sections differ), or
@@ -129,7 +103,7 @@ def hydra_overrides(overrides: dict, engine: str) -> list[str]:
     args = [f"model_engine={engine}"] if engine != "dp" else []
     for key, value in overrides.items():
         added = key in ADDED_KEYS or (declared is not None and key not in declared)
-        args.append(f"{'+' if added else ''}{key}={_hydra_value(value)}")
+        args.append(f"{'+' if added else ''}{key}={hydra_value(value)}")
     return args
 
 

@@ -23,6 +23,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from autotune.errors import ConfigError
+from autotune.verl.hydra_syntax import hydra_value
 
 __all__ = ["ImportedJob", "LaunchScriptError", "import_config_yaml", "import_launch_script", "import_launch_text"]
 
@@ -772,7 +773,7 @@ def import_config_yaml(path) -> ImportedJob:
     for entry in data.get("defaults") or []:
         for key, value in (entry.items() if isinstance(entry, dict) else ()):
             if str(key).startswith("override "):
-                overrides[str(key)[len("override "):].strip()] = _hydra_value(value)
+                overrides[str(key)[len("override "):].strip()] = hydra_value(value)
     for key, value in data.items():
         if key not in ("defaults", "hydra"):
             _flatten(str(key), value, overrides)
@@ -785,31 +786,6 @@ def _flatten(prefix: str, value, out: dict[str, str]) -> None:
         for key, child in value.items():
             _flatten(f"{prefix}.{key}", child, out)
     else:
-        out[prefix] = _hydra_value(value)
+        out[prefix] = hydra_value(value)
 
 
-# Strings Hydra would read back as another type, or that need quotes in its override grammar.
-_NOT_A_STRING = re.compile(r"(?i)null|true|false|[-+]?(\d[\d_]*(\.\d*)?|\.\d+)(e[-+]?\d+)?|[-+]?(inf|nan)")
-_BARE_STRING = re.compile(r"(?:[\w/\-+.%*@?|:]|\$\{[^{}'\"]*\})+")  # OverrideLexer.g4 UNQUOTED_CHAR
-
-
-def _hydra_value(value) -> str:
-    """A YAML value in Hydra's command-line override syntax."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, list):
-        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{k}:{_hydra_value(v)}" for k, v in value.items()) + "}"
-    text = str(value)
-    if _BARE_STRING.fullmatch(text) and not _NOT_A_STRING.fullmatch(text):
-        return text
-    if "'" not in text:
-        return f"'{text}'"
-    if '"' not in text:
-        return f'"{text}"'
-    return "'" + text.replace("'", "\\'") + "'"

@@ -402,7 +402,7 @@ def max_model_len_within_context(ctx: CheckContext) -> Violation | None:
 
 # No rule for max_num_batched_tokens < max_model_len with chunked prefill off: verl raises max_num_batched_tokens to
 # max_model_len itself (verl/workers/rollout/vllm_rollout/vllm_async_server.py:1113-1119); the memory model prices
-# the raised value (model/memory.py effective_batched_tokens).
+# the raised value (verl/rollout.py effective_batched_tokens).
 
 
 @rule

@@ -222,13 +222,22 @@ def test_gpu_hour_budget_counts_probe_time_times_gpus(tmp_path):
 
 
 def test_multi_objective_picks_the_fastest_with_enough_headroom(tmp_path):
-    from autotune.storage.records import best_records, pareto_front
+    from autotune.storage.records import best_records, feasible_measured, pareto_front
 
     cfg = _cfg(tmp_path, trials=14, search=SearchOptions(objective="throughput_and_memory", memory_margin_gib=40))
     study = run_study(cfg, get_runner("sim"))
     assert len(study.directions) == 2
     front = pareto_front(study)
     assert front and all(r.feasible_measurement for r in front)
+    # Optuna's front (study.best_trials) is exactly the results no other result dominates
+    results = feasible_measured(study)
+
+    def dominated(r) -> bool:
+        return any(o.tokens_per_s_per_gpu >= r.tokens_per_s_per_gpu and o.peak_mem_gib <= r.peak_mem_gib
+                   and (o.tokens_per_s_per_gpu, o.peak_mem_gib) != (r.tokens_per_s_per_gpu, r.peak_mem_gib)
+                   for o in results)
+
+    assert {r.number for r in front} == {r.number for r in results if not dominated(r)}
     best = best_records(study, k=1)[0]
     assert best.peak_mem_gib <= get_gpu("H200").mem_gib - 40
     assert all(r.tokens_per_s_per_gpu <= best.tokens_per_s_per_gpu for r in front

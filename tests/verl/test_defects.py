@@ -11,7 +11,8 @@ import yaml
 
 from autotune.hardware import detect_gpus, get_gpu, visible_device_ids
 from autotune.models import get_model
-from autotune.model.memory import effective_batched_tokens, estimate_memory
+from autotune.model.memory import estimate_memory
+from autotune.verl.rollout import effective_batched_tokens
 from autotune.spaces.candidate import Candidate
 from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import SearchSpace

@@ -1,7 +1,7 @@
 """The `torch` backend: one GRPO-shaped step loop on real transformers modules, in a subprocess.
 
 `TorchRunner.probe` writes `request.json` into the probe's run directory, starts
-`python -m autotune.backends.torch.workload` (under `torch.distributed.run` when the job's GPUs
+`python -m autotune.backends.torch.probe` (under `torch.distributed.run` when the job's GPUs
 are all on this host) in its own process group, forwards each timed step's tokens/s to `report`,
 and turns the result file and exit code into a ProbeResult or a ProbeError. A separate process per
 probe means an OOM or a crash cannot leave the next trial with a poisoned CUDA context.
@@ -43,7 +43,7 @@ __all__ = ["MEASURABLE_CHOICES", "PHASES", "TorchRunner", "rank_result_path", "r
 # verl's timing_s/<phase> names, in step order.
 PHASES = ("gen", "old_log_prob", "ref", "update_actor", "update_weights")
 
-# Exit codes of torch_workload beyond Python's own (1: uncaught exception).
+# Exit codes of the probe (backends/torch/probe) beyond Python's own (1: uncaught exception).
 EXIT_OOM = 3
 EXIT_KV_CACHE_TOO_SMALL = 4
 EXIT_ENVIRONMENT = 5
@@ -66,7 +66,7 @@ def rank_result_path(out: str | Path, rank: int) -> str:
     return str(out) if rank == 0 else f"{out}.rank{rank}"
 
 
-# What torch_workload implements of verl's layouts: FSDP data parallelism, no Ulysses (see unsupported_reason)
+# What the probe (backends/torch/probe) implements of verl's layouts: FSDP data parallelism, no Ulysses (see unsupported_reason)
 MEASURABLE_CHOICES: dict[str, tuple] = {"actor_engine": ("fsdp", "fsdp2"), "ulysses_sp": (1,)}
 
 
@@ -101,7 +101,7 @@ def _shape_override(model: ModelSpec) -> dict:
 
 
 def request_payload(request: ProbeRequest, *, device: str, overrides: dict | None = None) -> dict:
-    """request.json for torch_workload; `overrides` adds `scale`, `shape_override`, test doubles."""
+    """request.json for the probe (backends/torch/probe); `overrides` adds `scale`, `shape_override`, test doubles."""
     payload = {
         "model": request.model.name,
         "shape_override": _shape_override(request.model),
@@ -122,7 +122,7 @@ def request_payload(request: ProbeRequest, *, device: str, overrides: dict | Non
 
 
 class TorchRunner(ProbeRunner):
-    """Measures a candidate with torch_workload in a subprocess (see module docstring).
+    """Measures a candidate with the probe (backends/torch/probe) in a subprocess (see module docstring).
 
     `device="cpu"` runs the same loop on the CPU (tests, with a tiny `shape_override`);
     `request_overrides` is merged into request.json (`scale`, `shape_override`, `device_mem_gib`).
@@ -183,7 +183,7 @@ class TorchRunner(ProbeRunner):
         return world if detected is not None and detected.count >= world else 1
 
     def _argv(self, request: ProbeRequest, run_dir: Path) -> list[str]:
-        module_args = ["-m", "autotune.backends.torch.workload",
+        module_args = ["-m", "autotune.backends.torch.probe",
                        "--request", str(run_dir / REQUEST_FILE), "--out", str(run_dir / RESULT_FILE)]
         nproc = self._processes(request)
         if nproc == 1:

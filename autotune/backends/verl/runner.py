@@ -25,13 +25,12 @@ from autotune.backends.gpu_monitor import (GpuMonitor, device_peak_gib, idle_fra
 from autotune.backends.process import ProcessOutcome, run_in_process_group
 from autotune.backends.select import knob_package_missing, knobs_held_off
 from autotune.verl.failures import FailureKind, classify_failure
-from autotune.verl.metrics import JsonlTail, StepMetrics, parse_console_line, summarize
+from autotune.verl.metrics import THROUGHPUT_KEY, JsonlTail, StepMetrics, parse_console_line, summarize
 from autotune.verl.export import best_yaml_text, model_engine, verl_overrides
 
 PROBE_CONFIG_NAME = "probe"
 PGID_FILE = "probe.pgid"  # the live probe's process group, for clean-up after a killed tuner
 LOG_TAIL_CHARS = 20_000
-THROUGHPUT_KEY = "perf/throughput"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -47,6 +47,13 @@ def test_qwen25_05b_probe_measures_throughput_mfu_and_memory(tmp_path):
     assert all(result.phase_s[phase] > 0 for phase in PHASES)
     fp32_weights_gib = MODEL.param_count() * 4 / GIB
     assert result.peak_mem_gib > fp32_weights_gib  # fp32 master weights + bf16 rollout/ref + activations
+    # the KV pool sized as vLLM does: requested share less the rollout's weights and its profile run's peak
+    plan = result.extra["plan"]
+    assert plan["rollout_weights_gib"] == pytest.approx(MODEL.param_count() * 2 / GIB, rel=0.01)
+    assert plan["kv_profile_peak_gib"] > 0
+    total_gib = torch.cuda.mem_get_info(0)[1] / GIB
+    assert plan["kv_cache_budget_gib"] == pytest.approx(
+        CANDIDATE.gpu_memory_utilization * total_gib - plan["rollout_weights_gib"] - plan["kv_profile_peak_gib"])
 
 
 def test_a_huge_micro_batch_raises_probe_oom(tmp_path):
@@ -81,8 +88,9 @@ def test_memory_savers_and_compile_run_on_the_gpu(tmp_path):
 def test_packed_varlen_attention_matches_padded_rows_on_the_gpu():
     """torch's flash varlen kernel over one packed row gives the log-probs of separate padded rows
     (bf16: a few thousandths), forward and backward."""
-    from autotune.backends.torch.workload import (PACKED_ATTENTION, PolicyHead, build_causal_lm, entropy_from_logits,
-                                                    packed_micro_batch, padded_micro_batch)
+    from autotune.backends.torch.probe.kernels import PACKED_ATTENTION, entropy_from_logits
+    from autotune.backends.torch.probe.modeling import (PolicyHead, build_causal_lm, packed_micro_batch,
+                                                        padded_micro_batch)
 
     device = torch.device("cuda")
     torch.manual_seed(0)
@@ -119,7 +127,7 @@ def test_lora_probe_runs_on_the_gpu_with_small_optimizer_state(tmp_path):
 def test_fused_log_probs_match_eager_fp32_forward_and_backward():
     """The compiled log-prob kernels equal the eager fp32 log-softmax, values and gradients (the
     gradient is written over the logits in place, as verl's flash-attn kernel)."""
-    from autotune.backends.torch.workload import token_log_probs
+    from autotune.backends.torch.probe.kernels import token_log_probs
 
     torch.manual_seed(0)
     logits = (torch.randn(3001, MODEL.vocab_size, device="cuda") * 3).bfloat16().requires_grad_()
@@ -139,8 +147,8 @@ def test_liger_kernels_keep_the_log_probs_and_the_probe_runs(tmp_path):
     """verl's model.use_liger: Liger's RMSNorm/SwiGLU/RoPE kernels give the HF modules' log-probs (bf16
     tolerance) on the same weights, and a probe with them runs every phase and saves update memory."""
     pytest.importorskip("liger_kernel")
-    from autotune.backends.torch.workload import (PACKED_ATTENTION, PolicyHead, apply_liger, build_causal_lm,
-                                                    entropy_from_logits, packed_micro_batch)
+    from autotune.backends.torch.probe.kernels import PACKED_ATTENTION, entropy_from_logits
+    from autotune.backends.torch.probe.modeling import PolicyHead, apply_liger, build_causal_lm, packed_micro_batch
 
     device = torch.device("cuda")
     torch.manual_seed(0)

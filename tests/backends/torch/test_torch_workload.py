@@ -19,30 +19,16 @@ from autotune.errors import ProbeCrashed, ProbeOOM, ProbeRejected  # noqa: E402
 from autotune.hardware import GIB, get_gpu  # noqa: E402
 from autotune.models import get_model  # noqa: E402
 from autotune.backends.base import ProbePruned, ProbeRequest  # noqa: E402
-from autotune.model.memory import kv_bytes_per_token, lora_params  # noqa: E402
+from autotune.model.memory import lora_params  # noqa: E402
 from autotune.backends.torch.runner import PHASES, TorchRunner  # noqa: E402
-from autotune.backends.torch.workload import (  # noqa: E402
-    PACKED_ATTENTION,
-    KvCacheTooSmall,
-    PolicyHead,
-    apply_lora,
-    build_causal_lm,
-    check_kv_cache,
-    entropy_from_logits,
-    grpo_advantages,
-    kv_cache_budget_bytes,
-    local_trajectories,
-    lora_merged_weights,
-    micro_batches,
-    mini_batch_sizes,
-    oom_over_gib,
-    pack_by_token_budget,
-    packed_micro_batch,
-    padded_micro_batch,
-    rollout_concurrency,
-    static_micro_batches,
-    token_log_probs,
-)
+from autotune.backends.torch.probe.device import oom_over_gib  # noqa: E402
+from autotune.backends.torch.probe.kernels import (PACKED_ATTENTION, entropy_from_logits,  # noqa: E402
+                                                   grpo_advantages, token_log_probs)
+from autotune.backends.torch.probe.modeling import (PolicyHead, apply_lora, build_causal_lm,  # noqa: E402
+                                                    lora_merged_weights, packed_micro_batch, padded_micro_batch)
+from autotune.backends.torch.probe.plan import (KvCacheTooSmall, check_kv_cache, kv_cache_budget_bytes,  # noqa: E402
+                                                local_trajectories, micro_batches, mini_batch_sizes,
+                                                pack_by_token_budget, rollout_concurrency, static_micro_batches)
 from autotune.spaces.candidate import Candidate  # noqa: E402
 from autotune.spaces.layout import ParallelLayout  # noqa: E402
 from autotune.workload import Workload  # noqa: E402
@@ -244,35 +230,35 @@ def test_lora_target_modules_train_only_the_named_projections_and_the_sim_counts
 
 
 def test_kv_capacity_follows_vllms_block_budget():
+    """vLLM's budget from the probe's measured parts: gpu_memory_utilization x total, less the weights and the
+    profile run's peak (vllm/v1/worker/gpu_worker.py determine_available_memory); qwen2.5-7b's config.json
+    has 28 layers, 4 KV heads of 128."""
     model = get_model("qwen2.5-7b")
     total = get_gpu("H200").mem_gib * GIB
     cand = Candidate(gpu_memory_utilization=0.5, rollout_tp=1, max_num_seqs=4096)
-    assert kv_bytes_per_token(model, 1) == 2 * 28 * 4 * 128 * 2  # K+V x layers x kv heads x head_dim x bf16
-    assert kv_bytes_per_token(model, 2) == kv_bytes_per_token(model, 1) / 2
-    budget = kv_cache_budget_bytes(total, model, cand)
-    weights = model.param_count() * 2
-    sampler_logits = 4096 * model.vocab_size * 4  # fp32 logits of max_num_seqs rows
-    # vLLM's profile forward of max_num_batched_tokens (8192): 0.25 GiB + per token 12 x hidden + 6 x MLP width
-    activations = 0.25 * GIB + 8192 * (12 * model.hidden_size + 6 * model.intermediate_size)
-    assert budget == pytest.approx(0.5 * total - weights - activations - sampler_logits)
+    assert model.kv_cache_bytes_per_token(1) == 2 * 28 * 4 * 128 * 2  # K+V x layers x kv heads x head_dim x bf16
+    assert model.kv_cache_bytes_per_token(2) == model.kv_cache_bytes_per_token(1) / 2
+    weights, profile = 15.2 * GIB, 3.1 * GIB
+    budget = kv_cache_budget_bytes(total, cand.gpu_memory_utilization, weights, profile)
+    assert budget == pytest.approx(0.5 * total - 18.3 * GIB)
     workload = Workload()
-    expected = int(budget // (kv_bytes_per_token(model, 1) * workload.mean_seq_len))
+    expected = int(budget // (model.kv_cache_bytes_per_token(1) * workload.mean_seq_len))
     assert rollout_concurrency(budget, model, cand, workload) == expected
     assert rollout_concurrency(budget, model, cand.with_(max_num_seqs=64), workload) == 64
     # TP 2: weights and KV heads split over two GPUs, which serve two GPUs' share of the batch
     cand_tp2 = cand.with_(rollout_tp=2, max_num_seqs=256)
-    assert rollout_concurrency(kv_cache_budget_bytes(total, model, cand_tp2), model, cand_tp2, workload) == 128
+    assert rollout_concurrency(kv_cache_budget_bytes(total, 0.5, weights / 2, profile), model, cand_tp2,
+                               workload) == 128
 
 
 def test_kv_cache_too_small_raises_vllms_errors():
     model = get_model("qwen2.5-7b")
     total = get_gpu("H200").mem_gib * GIB
     with pytest.raises(KvCacheTooSmall, match="No available memory for the cache blocks"):
-        rollout_concurrency(kv_cache_budget_bytes(total, model, Candidate(gpu_memory_utilization=0.1, rollout_tp=1)),
-                            model, Candidate(), Workload())
+        rollout_concurrency(kv_cache_budget_bytes(total, 0.1, 15.2 * GIB, 3.1 * GIB), model, Candidate(), Workload())
     with pytest.raises(KvCacheTooSmall, match="To serve at least one request") as info:
         check_kv_cache(1 * 2**20, model, Candidate(rollout_tp=1), max_model_len=1536)
-    assert info.value.over_gib == pytest.approx((1536 * kv_bytes_per_token(model, 1) - 2**20) / GIB)
+    assert info.value.over_gib == pytest.approx((1536 * model.kv_cache_bytes_per_token(1) - 2**20) / GIB)
 
 
 def test_oom_over_gib_reads_torchs_message():
@@ -355,7 +341,8 @@ def test_oom_in_a_phase_becomes_probe_oom_with_that_phase(tmp_path):
 
 
 def test_kv_cache_too_small_becomes_probe_oom_in_rollout(tmp_path):
-    runner = TorchRunner(device="cpu", request_overrides={"device_mem_gib": 0.01})
+    # half of 100 KiB for vLLM is less than the tiny rollout's own bf16 weights (about 0.2 MiB)
+    runner = TorchRunner(device="cpu", request_overrides={"device_mem_gib": 100 / 2**20})
     with pytest.raises(ProbeOOM, match="No available memory for the cache blocks") as info:
         runner.probe(tiny_request(tmp_path), lambda step, tps: False)
     assert info.value.phase == "rollout"

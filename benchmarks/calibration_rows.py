@@ -1,4 +1,5 @@
-"""The H200 calibration measurements, and what the model predicts for each of them.
+"""The H200 calibration measurements, and what the model predicts for each of them (benchmarks/fit_calibration.py
+and tests/model/test_calibration.py read them; the package itself does not).
 
 Rows come from autotune/data/h200-*.json (see docs/model.md for provenance). The measurements are
 single-GPU PyTorch runs of Qwen2.5 shapes in bf16 (HF modules, sdpa, fused AdamW on bf16 parameters,
@@ -18,9 +19,9 @@ from autotune.hardware import GIB, get_gpu
 from autotune.models import ModelSpec, get_model
 from autotune.model.calibration import ACTIVATIONS, THROUGHPUT, ActivationConstants, ThroughputConstants
 from autotune.model.cost import train_mfu
-from autotune.model.flops import train_flops_uniform
+from autotune.verl.flops import train_flops_uniform
 from autotune.model.memory import (BF16, activation_bytes_per_token_per_layer, forward_logits_bytes,
-                                        kv_bytes_per_token, train_activation_bytes, train_logits_bytes)
+                                        train_activation_bytes, train_logits_bytes)
 
 FILES = ("h200-train-probe.json", "h200-phases-probe.json")
 _MODEL_OF = {"0.5b": "qwen2.5-0.5b", "1.5b": "qwen2.5-1.5b", "3b": "qwen2.5-3b", "7b": "qwen2.5-7b"}
@@ -86,7 +87,7 @@ def predict_peak_gib(row: Row, act: ActivationConstants = ACTIVATIONS) -> float:
         return (weights + forward_logits_bytes(m, tok, c=act) + activation_bytes_per_token_per_layer(m, act) * tok) / GIB
     if r["kind"] == "decode":
         # HF forward at prefill materialises bf16 logits for every prompt position (calibration README)
-        kv = kv_bytes_per_token(m) * r["bs"] * (r["prompt"] + r["new"])
+        kv = m.kv_cache_bytes_per_token() * r["bs"] * (r["prompt"] + r["new"])
         prefill_logits = BF16 * r["bs"] * r["prompt"] * m.vocab_size
         return (weights + kv + prefill_logits) / GIB
     raise ValueError(f"no memory prediction for kind {r['kind']!r}")

@@ -1,7 +1,7 @@
 """The exact optimum of the sim model over a search space, by exhaustive enumeration.
 
 Enumerating every point is out of reach (the product of the knobs' choices is 10^8 or more), but the
-model's structure makes an exact decomposition possible, and tests/search/test_optimum.py checks it
+model's structure makes an exact decomposition possible, and tests/benchmarks/test_optimum.py checks it
 against brute force on spaces small enough to enumerate point by point:
 - the rollout knobs R (rollout TP, gpu_memory_utilization, max_num_seqs, max_num_batched_tokens, chunked
   prefill) enter only the gen time, the KV-cache check, the weight sync (with param_offload) and the

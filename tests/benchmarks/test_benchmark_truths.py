@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from autotune.search.optimum import _values, exact_optimum
 from autotune.spaces.candidate import Candidate
 from autotune.spaces.space import SearchSpace
 from autotune.workload import Workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import search_efficiency as se  # noqa: E402
+from optimum import _values, exact_optimum  # noqa: E402
 from truths import TRUTH_BY_NAME, Machine  # noqa: E402
 
 # the space of tests/search/test_optimum.py: small enough to enumerate point by point

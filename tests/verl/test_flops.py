@@ -1,7 +1,7 @@
 import pytest
 
 from autotune.models import get_model
-from autotune.model.flops import forward_flops, mfu, train_flops, train_flops_uniform, verl_dense_n
+from autotune.verl.flops import forward_flops, mfu, train_flops, train_flops_uniform, verl_dense_n
 
 
 def test_qwen25_7b_matches_verls_worked_example():
