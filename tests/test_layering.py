@@ -33,6 +33,9 @@ FOREIGN_PRIVATE_ALLOWED = {
     ("verl/compose.py", "hydra._internal.config_loader_impl"),
     # exactly the call verl's FSDP engine makes (verl engine/fsdp/transformer_impl.py:307-316)
     ("backends/torch/probe/modeling.py", "_apply_liger_kernel_to_instance"),
+    # the judge's run only: OmegaConf's interpolation parser, a pure function, cached; verdicts identical with and
+    # without (benchmarks/verl_judge_speed.py)
+    ("verl/judge.py", "_utils"),
 }
 # documented public names that start with an underscore: namedtuple's methods, os._exit
 PUBLIC_UNDERSCORE = {"_replace", "_asdict", "_fields", "_make", "_exit"}
