@@ -10,6 +10,29 @@ import optuna
 import pytest
 
 
+def _default_signals() -> None:
+    """The tuner starts as from a terminal: under `nohup` or a shell's `cmd &` the test runner ignores SIGHUP or
+    SIGINT, autotune keeps an inherited ignore on purpose, and the run would never stop (an orphan of 100000 trials)."""
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+
+
+def _tuner(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "autotune", "run", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+                            preexec_fn=_default_signals)
+
+
+def _stop(proc: subprocess.Popen, timeout_s: float) -> str:
+    """Its stderr once it exits; killed (never left running) when it does not within timeout_s."""
+    try:
+        return proc.communicate(timeout=timeout_s)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def _trial_count(db) -> int:
     """Read-only peek: opening an Optuna storage here would race the tuner creating its tables."""
     import sqlite3
@@ -26,10 +49,8 @@ def _trial_count(db) -> int:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, "double SIGINT"])
 def test_signal_stops_the_study_cleanly(tmp_path, sig):
     out = tmp_path / "o"
-    proc = subprocess.Popen([sys.executable, "-m", "autotune", "run", "--model", "qwen2.5-7b", "--gpus", "8",
-                             "--backend", "sim", "--trials", "100000", "--out", str(out), "--quiet"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    proc = _tuner(["--model", "qwen2.5-7b", "--gpus", "8", "--backend", "sim", "--trials", "100000", "--out", str(out),
+                   "--quiet"])
     db = out / "autotune.db"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -42,7 +63,7 @@ def test_signal_stops_the_study_cleanly(tmp_path, sig):
         proc.send_signal(signal.SIGINT)
     else:
         proc.send_signal(sig)
-    _, stderr = proc.communicate(timeout=60)
+    stderr = _stop(proc, 60)
     assert proc.returncode == 130, stderr
     assert stderr.strip().splitlines() == [
         "autotune: interrupted; finished trials are stored, run the same command to resume"]
@@ -56,13 +77,11 @@ def test_signal_stops_the_study_cleanly(tmp_path, sig):
 
 def test_sigterm_before_the_study_loop_is_honoured_at_once(tmp_path):
     """`timeout 60 autotune run` must stop a run that is still validating or ranking the warm start."""
-    proc = subprocess.Popen([sys.executable, "-m", "autotune", "run", "--model", "qwen2.5-7b", "--gpus", "8",
-                             "--backend", "sim", "--trials", "5", "--out", str(tmp_path / "o"), "--quiet"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    proc = _tuner(["--model", "qwen2.5-7b", "--gpus", "8", "--backend", "sim", "--trials", "5", "--out",
+                   str(tmp_path / "o"), "--quiet"])
     time.sleep(0.5)  # loading modules
     proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=20)
+    stderr = _stop(proc, 20)
     assert proc.returncode == 130, stderr
     assert stderr.strip().splitlines() == [
         "autotune: interrupted; finished trials are stored, run the same command to resume"]
@@ -72,6 +91,7 @@ def test_a_signal_raises_at_once_outside_a_critical_section_and_is_held_inside_o
     from autotune import interrupt
 
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    _default_signals()  # an ignore inherited from `nohup` or `cmd &` would be kept by install()
     interrupt.install()
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -99,6 +119,7 @@ def test_inside_the_study_loop_a_signal_waits_for_a_check_and_a_second_one_never
     from autotune import interrupt
 
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    _default_signals()  # an ignore inherited from `nohup` or `cmd &` would be kept by install()
     interrupt.install()
     try:
         steps = []
