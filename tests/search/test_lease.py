@@ -177,8 +177,7 @@ def test_a_baseline_retry_after_kill_9_is_the_one_the_report_uses(tmp_path):
     assert summary(study, cfg.storage_url)["baseline"]["trial"] == baseline_record(study).number
 
 
-@pytest.mark.parametrize("how", ["kill -9", "Ctrl-C"])
-@pytest.mark.parametrize("trials", [1, 3])
+@pytest.mark.parametrize("how,trials", [("kill -9", 1), ("Ctrl-C", 3)])
 def test_a_baseline_retry_runs_first_on_resume_whatever_trials_says(tmp_path, how, trials):
     """Trial 0 interrupted after the first run queued the warm start: the resumed run measures the baseline's
     retry before the warm start, even when --trials is already reached (the interrupted trial counts)."""
