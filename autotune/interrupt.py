@@ -1,13 +1,25 @@
-"""Ctrl-C, SIGTERM and SIGHUP stop the tuner at once, except inside short critical sections.
+"""Ctrl-C, SIGTERM and SIGHUP stop the tuner: at once before the study loop, at a safe point inside it.
 
 A scheduler's SIGTERM (`timeout`, Slurm, Kubernetes) must stop the run whatever it is doing:
-validating, ranking the warm start, waiting out a database. So the handler raises KeyboardInterrupt
-where the main thread is. The exception is a trial's bookkeeping: between Optuna creating a trial
-and recording who runs it, and while an interrupted trial is marked failed, an exception would leave
-a RUNNING trial behind (a double Ctrl-C did, once in 5). Those sections run under `critical()`: any
-signal that arrives there, a second one included, is held and raised when the section ends.
-SIGHUP (the terminal closed) is handled like SIGTERM (Python's default would end the process with no
-clean-up at all: https://docs.python.org/3/library/signal.html).
+validating, ranking the warm start, waiting out a database. So outside the study loop the handler
+raises KeyboardInterrupt where the main thread is.
+
+Inside the study loop (`deferred()`), a signal only requests the stop; `check()` raises it at the next
+safe point (each probe step, each poll of a probe process, each storage back-off, each new trial).
+Raising wherever the main thread happens to be left trials RUNNING under load (issue 20, about 1 run
+in 10): it landed inside SQLAlchemy, whose half-done transaction kept SQLite locked so that marking
+the trial failed could not be written; or inside a weakref callback, where Python only prints
+"Exception ignored" and carries on.
+
+Three more rules keep the clean-up whole:
+- Storage calls and a trial's bookkeeping (between Optuna creating a trial and recording who runs it;
+  marking an interrupted trial failed) run under `critical()`: a signal that arrives there is held and
+  raised when the section ends (outside the loop), and `check()` does not raise inside one.
+- Only the first signal of a stop raises. A second one (an impatient Ctrl-C) is counted, not raised:
+  raised inside the except block that records the interrupted trial, it left that trial RUNNING.
+  `hurried()` tells a probe's kill to skip its grace period instead.
+- SIGHUP (the terminal closed) is handled like SIGTERM (Python's default would end the process with
+  no clean-up at all: https://docs.python.org/3/library/signal.html).
 """
 
 from __future__ import annotations
@@ -19,22 +31,33 @@ from contextlib import contextmanager
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _requested = threading.Event()
+_received = 0  # signals since the last reset; 2 or more: the user is in a hurry
 _depth = 0  # nesting of critical() in the main thread
-_held: int | None = None  # a signal that arrived inside a critical section
+_deferred = 0  # nesting of deferred() in the main thread
+_held: int | None = None  # a signal that arrived inside a critical section, to raise when it ends
 
 
 def _handler(signum, frame) -> None:
-    global _held
+    global _held, _received
+    _received += 1
+    if _requested.is_set():
+        return  # a stop is under way: raising again would cut its clean-up short
     _requested.set()
+    if _deferred > 0:
+        return  # the study loop raises it at its next check()
     if _depth > 0:
         _held = signum
         return
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
 def install() -> None:
     """Route SIGINT, SIGTERM and SIGHUP to the handler (main thread only, as Python requires)."""
-    if threading.current_thread() is not threading.main_thread():
+    if not _main_thread():
         return
     for sig in _SIGNALS:
         if signal.getsignal(sig) is not signal.SIG_IGN:  # `nohup` ignores SIGHUP on purpose: keep it so
@@ -43,14 +66,14 @@ def install() -> None:
 
 def ignore_further() -> None:
     """The run is stopping: further signals have nothing left to interrupt."""
-    if threading.current_thread() is threading.main_thread():
+    if _main_thread():
         for sig in _SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
 
 
 def restore_defaults() -> None:
     """Python's own handling (KeyboardInterrupt on Ctrl-C; SIGTERM and SIGHUP end the process)."""
-    if threading.current_thread() is not threading.main_thread():
+    if not _main_thread():
         return
     for sig, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL),
                          (signal.SIGHUP, signal.SIG_DFL)):
@@ -60,9 +83,9 @@ def restore_defaults() -> None:
 
 @contextmanager
 def critical() -> Iterator[None]:
-    """Hold signals until the block ends, then raise KeyboardInterrupt if one came."""
+    """Hold signals until the block ends, then raise KeyboardInterrupt if one came (not inside deferred())."""
     global _depth, _held
-    main = threading.current_thread() is threading.main_thread()
+    main = _main_thread()
     if main:
         _depth += 1
     try:
@@ -75,17 +98,38 @@ def critical() -> Iterator[None]:
                 raise KeyboardInterrupt(f"signal {signum} (held until the trial was recorded)")
 
 
+@contextmanager
+def deferred() -> Iterator[None]:
+    """Inside: a signal only requests the stop, and `check()` raises it (the study loop)."""
+    global _deferred
+    main = _main_thread()
+    if main:
+        _deferred += 1
+    try:
+        yield
+    finally:
+        if main:
+            _deferred -= 1
+
+
 def requested() -> bool:
     return _requested.is_set()
 
 
+def hurried() -> bool:
+    """A second signal came while stopping: skip waits that are only politeness (a probe's kill grace)."""
+    return _received >= 2
+
+
 def check() -> None:
-    """Raise KeyboardInterrupt here if a stop was requested (for loops that must not run on after it)."""
-    if _requested.is_set():
+    """Raise KeyboardInterrupt here if a stop was requested (for loops that must not run on after it); in the
+    main thread not inside a critical section, whose clean-up must finish (it raises when it ends)."""
+    if _requested.is_set() and not (_depth > 0 and _main_thread()):
         raise KeyboardInterrupt("stop requested")
 
 
 def reset() -> None:
-    global _held
+    global _held, _received
     _requested.clear()
     _held = None
+    _received = 0

@@ -178,7 +178,7 @@ def _in_memory_storage(url: str) -> optuna.storages.BaseStorage:
 def run_autotune(machine: Machine, budget: int, search: SearchOptions) -> Trace:
     job = machine.job
     cfg = TuneConfig(model=machine.model, gpu=machine.gpu, gpus_per_node=job.gpus_per_node, nodes=job.nodes,
-                     backend="sim", trials=100_000, storage_url="sqlite:///unused.db", study_name="bench",
+                     backend="sim", trials=100_000, storage_url="sqlite:///:memory:", study_name="bench",
                      out_dir=Path("/nonexistent"), seed=machine.seed, workload=job.workload, fixed=FIXED,
                      ranges=job.ranges, tune_workload=(), probe=ProbeBudget(), search=search,
                      budget=Budget(probes=budget))

@@ -184,7 +184,7 @@ def kill_process_group(pgid: int, grace_s: float) -> bool:
     if not _group_alive(pgid):
         return True
     _signal_group(pgid, signal.SIGTERM)
-    if _wait_group_gone(pgid, grace_s):
+    if _wait_group_gone(pgid, grace_s, give_up=interrupt.hurried):  # a second Ctrl-C skips the grace
         return True
     _signal_group(pgid, signal.SIGKILL)
     return _wait_group_gone(pgid, _SIGKILL_WAIT_S)
@@ -332,10 +332,10 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _wait_group_gone(pgid: int, timeout_s: float) -> bool:
+def _wait_group_gone(pgid: int, timeout_s: float, give_up: Callable[[], bool] | None = None) -> bool:
     end_s = time.monotonic() + timeout_s
     while _group_alive(pgid):
-        if time.monotonic() >= end_s:
+        if time.monotonic() >= end_s or (give_up is not None and give_up()):
             return False
         time.sleep(_GONE_POLL_S)
     return True

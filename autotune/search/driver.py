@@ -187,6 +187,33 @@ def enqueue_baseline(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -
     return True
 
 
+def baseline_waiting(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    """The queued baseline (trial 0, or its retry after an interrupted one), if it has not been taken yet."""
+    return next((t for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+                 if t.user_attrs.get("baseline")), None)
+
+
+def ask_baseline_first(study: optuna.Study) -> optuna.Trial:
+    """`study.ask()`, except that a queued baseline is taken before anything queued ahead of it.
+
+    A retry of an interrupted trial 0 is queued behind the warm start that the first run queued, and a
+    resumed run with a small --trials would end before reaching it (the report then had no measured
+    baseline). This is Optuna's own ask (optuna/study/study.py: `_pop_waiting_trial_id` claims a WAITING
+    trial by setting it RUNNING, then `Trial(study, trial_id)`), aimed at one trial; if another tuner
+    claimed it first, the ordinary ask follows."""
+    waiting = baseline_waiting(study)
+    if waiting is not None:
+        storage = _STORAGES[study]
+        trial_id = storage.get_trial_id_from_study_id_trial_number(
+            storage.get_study_id_from_name(study.study_name), waiting.number)
+        try:
+            if storage.set_trial_state_values(trial_id, TrialState.RUNNING):
+                return optuna.Trial(study, trial_id)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass
+    return study.ask()
+
+
 def enqueue_warm_start(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> int:
     """The cost model's best predictions, right after verl's default (once per study)."""
     if not cfg.search.warm_start or study.user_attrs.get("warm_started"):
@@ -265,19 +292,33 @@ def run_study(cfg: TuneConfig, runner: ProbeRunner, *, executor: Executor | None
     if on_start:
         on_start(study)
     ctx = StudyContext(cfg=cfg, space=space, runner=runner, on_step=on_step)
+    with interrupt.deferred():  # a signal stops the loop at its next check, never inside a library (interrupt.py)
+        _run_trials(ctx, study, executor, on_trial)
+    return study
+
+
+def _run_trials(ctx: StudyContext, study: optuna.Study, executor: Executor, on_trial: TrialCallback | None) -> None:
+    cfg, space = ctx.cfg, ctx.space
     started_s = time.monotonic()
     running: dict[int, tuple[optuna.Trial, lease.Heartbeat]] = {}  # asked by this loop, outcome not yet stored
+
+    def wants_more() -> bool:
+        # a queued baseline runs whatever --trials says: a report needs it (a retry after an interrupted trial 0)
+        return (finished_count(study) + executor.in_flight() < cfg.trials
+                or baseline_waiting(study) is not None)
+
     try:
         while True:
+            interrupt.check()
             stop = budget_left(cfg, study, started_s)
-            while (stop is None and executor.in_flight() < executor.capacity()
-                   and finished_count(study) + executor.in_flight() < cfg.trials):
+            while stop is None and executor.in_flight() < executor.capacity() and wants_more():
+                interrupt.check()
                 if fail_dead_local_trials(study):
                     enqueue_baseline(study, cfg, space)
                 if not cfg.tune_workload:
                     propose_from_model(study, cfg, space)
                 with interrupt.critical():  # a signal here would leave a RUNNING trial nobody claims
-                    trial = study.ask()
+                    trial = ask_baseline_first(study)
                     lease.take(trial)
                     running[trial.number] = (trial, lease.Heartbeat(trial).start())
                 prepared = _unless_taken_over(study, trial, lambda: prepare_trial(ctx, study, trial))
@@ -305,7 +346,6 @@ def run_study(cfg: TuneConfig, runner: ProbeRunner, *, executor: Executor | None
             for _trial, beat in running.values():
                 beat.stop()
         raise
-    return study
 
 
 def _unless_taken_over(study: optuna.Study, trial: optuna.Trial, step: Callable[[], object]) -> object | None:

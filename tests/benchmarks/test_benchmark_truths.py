@@ -71,7 +71,8 @@ def test_structural_truths_change_what_the_model_predicts():
     assert steps["rollout_tp"]["gen"] == pytest.approx(steps["rescaled"]["gen"] * 4 ** 0.25)
 
 
-def test_benchmark_smoke_every_method_spends_its_budget(monkeypatch):
+def test_benchmark_smoke_every_method_spends_its_budget(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # the benchmark's studies live in memory: nothing may land in the current folder
     monkeypatch.setitem(se.JOB_BY_NAME, TINY.name, TINY)
     monkeypatch.setattr(se, "space_of", lambda job: _space())
     rows = se.run_unit((TINY.name, "layout_sigma0.15", 0, (0,), 4, se.METHODS))
@@ -80,3 +81,4 @@ def test_benchmark_smoke_every_method_spends_its_budget(monkeypatch):
         assert len(r["best_true"]) <= 4 and all(0 <= v <= r["optimum"] * (1 + 1e-9) for v in r["best_true"])
     summary = se.summarise(rows, 4)
     assert {s["method"] for s in summary} == set(se.METHODS)
+    assert list(tmp_path.iterdir()) == []  # once: unused.db.lock, SQLite's single-writer lock for a relative URL

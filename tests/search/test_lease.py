@@ -177,6 +177,35 @@ def test_a_baseline_retry_after_kill_9_is_the_one_the_report_uses(tmp_path):
     assert summary(study, cfg.storage_url)["baseline"]["trial"] == baseline_record(study).number
 
 
+@pytest.mark.parametrize("how,trials", [("kill -9", 1), ("Ctrl-C", 3)])
+def test_a_baseline_retry_runs_first_on_resume_whatever_trials_says(tmp_path, how, trials):
+    """Trial 0 interrupted after the first run queued the warm start: the resumed run measures the baseline's
+    retry before the warm start, even when --trials is already reached (the interrupted trial counts)."""
+    from dataclasses import replace
+
+    from autotune.search.driver import start_study
+
+    cfg = replace(_cfg(tmp_path), search=SearchOptions(warm_start=4))
+    space, study = start_study(cfg)
+    first = study.ask()
+    assert first.user_attrs.get("baseline")
+    space.suggest(first, cfg.workload)
+    lease.take(first)
+    if how == "kill -9":
+        first.set_user_attr("pid", 2**22 + 99)  # gone
+    else:
+        first.set_user_attr("interrupted", True)
+        study.tell(first, state=TrialState.FAIL)
+    study = run_study(replace(cfg, trials=trials), get_runner("sim"))
+    bases = [t for t in study.trials if t.user_attrs.get("baseline")]
+    assert [t.state for t in bases] == [TrialState.FAIL, TrialState.COMPLETE]
+    assert bases[1].user_attrs["retry_of"] == 0
+    warm = [t for t in study.trials if "warm_start" in t.user_attrs]
+    assert len(warm) == 4 and all(t.number < bases[1].number for t in warm), "the warm start was queued first"
+    assert all(t.state == TrialState.WAITING or t.datetime_start > bases[1].datetime_start for t in warm)
+    assert summary(study, cfg.storage_url)["baseline"]["trial"] == bases[1].number
+
+
 def test_a_second_writer_on_one_sqlite_file_is_one_line_naming_the_alternatives(tmp_path):
     import subprocess
     import sys
