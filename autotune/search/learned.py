@@ -274,9 +274,7 @@ class Acquisition:
             return self._memo[key]
         base = base_prediction(self.cfg, canon, workload)
         out = None
-        if self.tried_parts and not self._novel(params):
-            pass
-        elif base.feasible and self.gate.admits(base.memory_ratio) and not self._inferred_oom(params):
+        if self._novel(params) and base.feasible and self.gate.admits(base.memory_ratio) and not self._inferred_oom(params):
             per = base.tokens_per_step / base.world
             if self.incumbent:
                 mu, var = self.model.log_time(params, base)
@@ -288,7 +286,18 @@ class Acquisition:
         self._memo[key] = out
         return out
 
+    def relax(self) -> None:
+        """Nothing untried passed: an improve pick takes an untried layout or rollout setting, an exploit pick
+        any untried configuration."""
+        if self.novel_both:
+            self.novel_both = False
+        else:
+            self.tried_parts = None
+        self._memo.clear()
+
     def _novel(self, params: Mapping) -> bool:
+        if self.tried_parts is None:
+            return True
         layout, rollout = _layout_key(params), _rollout_key(params)
         if self.novel_both is None:  # an exploit pick: an untried pairing of a layout with a rollout setting
             return (layout, rollout) not in self.tried_parts[2]
@@ -437,10 +446,7 @@ def propose(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> bool:
     starts = [Candidate.from_params(study.trials[r.number].user_attrs["candidate"]) for r in best_records(study, k=3)]
     ranked = rank_corrected(cfg, space, acq, starts=starts, pool=candidate_pool(study, cfg, space), seed=len(trials))
     if acq.tried_parts and not any(config_key(s.candidate.as_params(), kl) not in tried for s in ranked):
-        # nothing untried passes: an improve pick relaxes to an untried layout or rollout setting, an exploit
-        # pick to any untried configuration
-        acq.novel_both, acq.tried_parts = (False, acq.tried_parts) if acq.novel_both else (None, None)
-        acq._memo.clear()
+        acq.relax()
         ranked = rank_corrected(cfg, space, acq, starts=starts, pool=candidate_pool(study, cfg, space),
                                 seed=len(trials))
     for s in ranked:
