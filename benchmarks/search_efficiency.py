@@ -242,14 +242,15 @@ def run_unit(unit: tuple) -> list[dict]:
     return rows
 
 
-def units(jobs: list[str], truths: list[str], seeds: int, machines: int, budget: int, methods: list[str]) -> list:
+def units(jobs: list[str], truths: list[str], seeds: int, machines: int, budget: int, methods: list[str],
+          machine_offset: int = 0) -> list:
     out = []
     for job in jobs:
         for truth in truths:
             for m in range(machines):
                 hosted = tuple(s for s in range(seeds) if s % machines == m)
                 if hosted:
-                    out.append((job, truth, m, hosted, budget, tuple(methods)))
+                    out.append((job, truth, machine_offset + m, hosted, budget, tuple(methods)))
     return out
 
 
@@ -330,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=METHODS)
     parser.add_argument("--seeds", type=int, default=None, help="search seeds per (job, truth)")
     parser.add_argument("--machines", type=int, default=None, help="machine seeds per (job, truth); seed s plays s %% M")
+    parser.add_argument("--machine-offset", type=int, default=0,
+                        help="machine seeds start here: tune the search on other machines than those reported")
     parser.add_argument("--budget", type=int, default=None, help="launched probes per search")
     parser.add_argument("--workers", type=int, default=1, help="processes")
     parser.add_argument("--rows", type=Path, default=None, help="append every run's trace here (JSON lines)")
@@ -345,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     budget = args.budget or preset["budget"]
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     started = time.time()
-    work = units(jobs, truths, seeds, machines, budget, args.methods)
+    work = units(jobs, truths, seeds, machines, budget, args.methods, args.machine_offset)
     rows: list[dict] = []
 
     def keep(part: list[dict]) -> None:
@@ -359,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         budget = max(len(r["best_true"]) for r in rows)
         seeds = max(r["seed"] for r in rows) + 1
-        machines = max(r["machine"] for r in rows) + 1
+        machines = len({r["machine"] for r in rows})
     elif args.workers > 1:
         with multiprocessing.get_context("fork").Pool(args.workers) as pool:
             for part in pool.imap_unordered(run_unit, work):

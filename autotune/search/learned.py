@@ -9,11 +9,15 @@ with it, and most for those that share the finest groups; a candidate that share
 uncertainty. This is GP regression with a sum of categorical (Hamming-type) kernels, as BoTorch's mixed
 kernels use for categorical inputs, kept to numpy and a few dozen observations.
 
-The corrected model ranks untried candidates two ways: by its posterior median throughput (exploit) and by
-an optimistic bound, each phase `EXPLORE_BETA` posterior standard deviations faster than its median (explore: a
-layout or rollout setting no probe has touched may be much faster than the model believes). Constraint handling is unchanged:
-candidates go through verl's rules, the memory gate and the OOM boundaries before they are proposed, and the
-driver checks them again.
+The corrected model picks the next probe two ways. *Improve*: the expected improvement of its throughput over
+the best measured one, the step time log-normal (each phase's posterior, summed by moment matching); only
+candidates that pair an untried actor layout with an untried rollout setting compete while the model has
+such candidates (then those with either untried), so each probe teaches both parts of the step, and a
+re-probe of a near-identical configuration never wins on noise-sized uncertainty. *Exploit*: the posterior
+median throughput among pairings of a layout and a rollout setting not probed together, which harvests what
+the improve picks learned (the best layout with the best rollout setting, each measured in another probe).
+Constraint handling is unchanged: candidates go through verl's rules, the memory gate and the OOM boundaries
+before they are proposed, and the driver checks them again.
 """
 
 from __future__ import annotations
@@ -82,10 +86,10 @@ PHASE_LEVELS: dict[str, tuple] = {
 }
 _DEFAULT_LEVELS = (((), _ALL), (LAYOUT, 0.15), (ROLLOUT, 0.15))
 NOISE_REL = 0.05  # run-to-run spread of a phase's median time (the sim plays 3% per step)
-EXPLORE_BETA = 2.0  # optimism of the explore picks, in posterior standard deviations of each phase
-# explore-heavy: each probe of an untried layout with an untried rollout setting learns both; one slot in
-# eight is left to TPE, so a truth the kernel cannot express still gets other probes
-CYCLE = ("explore", "explore", "exploit", "explore", "explore", "exploit", "explore", "sampler")
+# two improve picks per exploit pick; one slot in twelve is left to TPE (the first after the warm start and 11
+# proposals), so a truth the kernel cannot express still gets other probes without spending the early ones
+CYCLE = ("improve", "improve", "exploit", "improve", "improve", "exploit", "improve", "improve", "exploit",
+         "improve", "improve", "sampler")
 CYCLE_ATTR = "learned_cycle"
 
 
@@ -206,18 +210,31 @@ class CorrectedModel:
             obs.append((canonical_params(cand.as_params(), separate_reference(cfg.workload)), base.phase_s, measured, other))
         return cls(cfg, obs)
 
-    def step(self, params: Mapping, base: Base, beta: float = 0.0) -> tuple[float, float]:
-        """(median step seconds, optimistic step seconds) under the corrected model: each phase at its
-        posterior median, and at `beta` posterior standard deviations faster. The phases are learned
-        separately and add up, so a probe of an untried layout with an untried rollout setting is optimistic
-        about both."""
-        median, optimistic = self.other_s, self.other_s
+    def log_time(self, params: Mapping, base: Base, phases: frozenset | None = None,
+                 other: bool = True) -> tuple[float, float]:
+        """(mean, variance) of the log of these phases' seconds (all, and the untimed rest, by default) under
+        the corrected model. Each phase's time is log-normal (its GP's posterior); their sum is matched to
+        one log-normal by its first two moments (Fenton-Wilkinson), the phases being learned separately."""
+        mean_s, var_s = (self.other_s if other else 0.0), 0.0
+        for phase, seconds in base.phase_s.items():
+            if phases is not None and phase not in phases:
+                continue
+            gp = self.gps.get(phase)
+            m, v = gp.predict(params) if gp is not None else (0.0, _ALL ** 2)
+            mean_s += seconds * math.exp(m + v / 2)
+            var_s += seconds * seconds * math.exp(2 * m + v) * math.expm1(v)
+        if mean_s <= 0:
+            return -math.inf, 0.0
+        log_var = math.log1p(var_s / (mean_s * mean_s))
+        return math.log(mean_s) - log_var / 2, log_var
+
+    def step_s(self, params: Mapping, base: Base) -> float:
+        """Median step seconds under the corrected model: each phase at its posterior median."""
+        median = self.other_s
         for phase, seconds in base.phase_s.items():
             gp = self.gps.get(phase)
-            mean, var = gp.predict(params) if gp is not None else (0.0, _ALL ** 2)
-            median += seconds * math.exp(mean)
-            optimistic += seconds * math.exp(mean - beta * math.sqrt(var))
-        return median, optimistic
+            median += seconds * math.exp(gp.predict(params)[0] if gp is not None else 0.0)
+        return median
 
 
 def _workload(cfg: TuneConfig, attrs: Mapping) -> Workload:
@@ -230,7 +247,7 @@ def _workload(cfg: TuneConfig, attrs: Mapping) -> Workload:
 
 @dataclass(frozen=True)
 class Scored:
-    score: float  # the acquisition: tokens/s/GPU, median or optimistic
+    score: float  # the acquisition: median tokens/s/GPU (exploit) or its expected improvement (improve)
     median_tokens_per_s_per_gpu: float
     candidate: Candidate
     workload: Workload
@@ -239,11 +256,16 @@ class Scored:
 class Acquisition:
     """Scores candidates under the corrected model; memoised within one proposal."""
 
-    def __init__(self, cfg: TuneConfig, model: CorrectedModel, gate: MemoryGate, beta: float,
-                 study: optuna.Study | None = None) -> None:
-        self.cfg, self.model, self.gate, self.beta = cfg, model, gate, beta
+    def __init__(self, cfg: TuneConfig, model: CorrectedModel, gate: MemoryGate,
+                 study: optuna.Study | None = None, incumbent: float | None = None) -> None:
+        """incumbent: the best measured tokens/s/GPU; when given, the score is the expected improvement over it."""
+        self.cfg, self.model, self.gate, self.incumbent = cfg, model, gate, incumbent
         self.ooms = measured_outcomes(study)[0] if study is not None else []
         self._memo: dict = {}
+        # (probed layouts, probed rollout settings): an "improve" pick tries an untried layout with an untried
+        # rollout setting while the model has such candidates, and at least one of the two after that
+        self.tried_parts: tuple[set, set, set] | None = None  # and the probed (layout, rollout setting) pairs
+        self.novel_both: bool | None = True
 
     def __call__(self, cand: Candidate, workload: Workload) -> Scored | None:
         params = canonical_params(cand.as_params(), separate_reference(workload))
@@ -253,17 +275,57 @@ class Acquisition:
             return self._memo[key]
         base = base_prediction(self.cfg, canon, workload)
         out = None
-        if base.feasible and self.gate.admits(base.memory_ratio) and not self._inferred_oom(params):
-            step_s, optimistic_s = self.model.step(params, base, self.beta)
+        if self._novel(params) and base.feasible and self.gate.admits(base.memory_ratio) and not self._inferred_oom(params):
             per = base.tokens_per_step / base.world
-            out = Scored(per / optimistic_s, per / step_s, cand, workload)
+            if self.incumbent:
+                mu, var = self.model.log_time(params, base)
+                out = Scored(expected_improvement(math.log(per) - mu, var, self.incumbent), per / math.exp(mu),
+                             cand, workload)
+            else:
+                median = per / self.model.step_s(params, base)
+                out = Scored(median, median, cand, workload)
         self._memo[key] = out
         return out
+
+    def relax(self) -> None:
+        """Nothing untried passed: an improve pick takes an untried layout or rollout setting, an exploit pick
+        any untried configuration."""
+        if self.novel_both:
+            self.novel_both = False
+        else:
+            self.tried_parts = None
+        self._memo.clear()
+
+    def _novel(self, params: Mapping) -> bool:
+        if self.tried_parts is None:
+            return True
+        layout, rollout = _layout_key(params), _rollout_key(params)
+        if self.novel_both is None:  # an exploit pick: an untried pairing of a layout with a rollout setting
+            return (layout, rollout) not in self.tried_parts[2]
+        new_layout, new_rollout = layout not in self.tried_parts[0], rollout not in self.tried_parts[1]
+        return (new_layout and new_rollout) if self.novel_both else (new_layout or new_rollout)
 
     def _inferred_oom(self, params: Mapping) -> bool:
         """The OOM boundaries (search/prescreen.py): a point dominating a measured OOM is not proposed."""
         return any(dominates_oom(params, t.user_attrs["candidate"], t.user_attrs.get("oom_kind", "cuda_oom"))
                    for t in self.ooms)
+
+
+_layout_key = operator.itemgetter(*LAYOUT)
+# a rollout setting: what changes vLLM's batching (gpu_memory_utilization and the token budget fine-tune it)
+_rollout_key = operator.itemgetter("rollout_tp", "max_num_seqs", "enable_chunked_prefill")
+
+
+def expected_improvement(mean: float, var: float, best: float) -> float:
+    """E[max(0, X - best)] for log X ~ N(mean, var) (the log-normal's upper partial expectation)."""
+    sd = math.sqrt(max(var, 1e-12))
+    log_best = math.log(best)
+    upper = math.exp(mean + var / 2) * _norm_cdf((mean + var - log_best) / sd)
+    return max(upper - best * _norm_cdf((mean - log_best) / sd), 0.0)
+
+
+def _norm_cdf(z: float) -> float:
+    return 0.5 * math.erfc(-z / math.sqrt(2))
 
 
 def _polish(space: SearchSpace, start: Scored, acq: Acquisition, rounds: int = 2) -> Scored:
@@ -286,6 +348,8 @@ def _polish(space: SearchSpace, start: Scored, acq: Acquisition, rounds: int = 2
 _POOLS: "weakref.WeakKeyDictionary[optuna.Study, dict]" = weakref.WeakKeyDictionary()
 POOL_SAMPLES = 2000
 POOL_PER_SHAPE = 2
+MIX_SETTINGS = 8  # the best-scored rollout settings, each tried on the MIX_TOP best-scored candidates
+MIX_TOP = 20
 
 
 def _pool_shape(cand: Candidate) -> tuple:
@@ -330,8 +394,8 @@ def rank_corrected(cfg: TuneConfig, space: SearchSpace, acq: Acquisition, *, sta
     scored.sort(key=lambda s: s.score, reverse=True)
     # generation depends on the rollout knobs alone and adds to the training phases: give the best-scored
     # layouts the best-scored rollout settings too, so a good layout is not judged by a pool entry's rollout
-    settings = list(dict.fromkeys(tuple(getattr(s.candidate, n) for n in ROLLOUT) for s in scored[:30]))[:3]
-    mixed = [acq(s.candidate.with_(**dict(zip(ROLLOUT, r))), s.workload) for s in scored[:40] for r in settings]
+    settings = list(dict.fromkeys(tuple(getattr(s.candidate, n) for n in ROLLOUT) for s in scored))[:MIX_SETTINGS]
+    mixed = [acq(s.candidate.with_(**dict(zip(ROLLOUT, r))), s.workload) for s in scored[:MIX_TOP] for r in settings]
     scored = sorted(scored + [s for s in mixed if s is not None], key=lambda s: s.score, reverse=True)
     seeds, seen = [], set()
     for s in scored:
@@ -354,7 +418,7 @@ def rank_corrected(cfg: TuneConfig, space: SearchSpace, acq: Acquisition, *, sta
 
 
 def propose(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> bool:
-    """Enqueue the corrected model's next pick (exploit or explore by the cycle); False leaves the slot to TPE."""
+    """Enqueue the corrected model's next pick (improve or exploit by the cycle); False leaves the slot to TPE."""
     trials = study.get_trials(deepcopy=False)
     if any(t.state == TrialState.WAITING for t in trials):
         return False
@@ -369,9 +433,23 @@ def propose(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> bool:
     tried = {config_key(t.user_attrs["candidate"], kl, t.user_attrs.get("workload_tuned"))
              for t in trials if "candidate" in t.user_attrs}
     model = CorrectedModel.from_study(study, cfg)
-    acq = Acquisition(cfg, model, MemoryGate.of(study), EXPLORE_BETA if kind == "explore" else 0.0, study)
+    acq = Acquisition(cfg, model, MemoryGate.of(study), study)
+    probed = [canonical_params(t.user_attrs["candidate"], kl) for t in trials
+              if t.user_attrs.get("state") in ("measured", "simulated") and "candidate" in t.user_attrs]
+    acq.tried_parts = ({_layout_key(p) for p in probed}, {_rollout_key(p) for p in probed},
+                       {(_layout_key(p), _rollout_key(p)) for p in probed})
+    acq.novel_both = None
+    if kind == "improve":
+        acq.novel_both = True
+        acq.incumbent = max(t.user_attrs["tokens_per_s_per_gpu"] for t in trials
+                            if t.user_attrs.get("state") in ("measured", "simulated"))
     starts = [Candidate.from_params(study.trials[r.number].user_attrs["candidate"]) for r in best_records(study, k=3)]
-    for s in rank_corrected(cfg, space, acq, starts=starts, pool=candidate_pool(study, cfg, space), seed=len(trials)):
+    ranked = rank_corrected(cfg, space, acq, starts=starts, pool=candidate_pool(study, cfg, space), seed=len(trials))
+    if acq.tried_parts and not any(config_key(s.candidate.as_params(), kl) not in tried for s in ranked):
+        acq.relax()
+        ranked = rank_corrected(cfg, space, acq, starts=starts, pool=candidate_pool(study, cfg, space),
+                                seed=len(trials))
+    for s in ranked:
         key = config_key(s.candidate.as_params(), kl,
                          {k: getattr(s.workload, k) for k in cfg.tune_workload} if cfg.tune_workload else None)
         if key in tried:

@@ -9,7 +9,6 @@ costs the model about 50 microseconds, so a few thousand samples take well under
 from __future__ import annotations
 
 import random
-import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -55,42 +54,8 @@ def _draw(space: SearchSpace, name: str, rng: random.Random):
     return round(dom.low + dom.step * rng.randint(0, steps), 6)
 
 
-@dataclass(frozen=True)
-class PhaseCorrection:
-    """Measured over predicted time, per GRPO phase: the model recalibrated on this study's probes.
-
-    The model's constants are wrong by some factor on any real machine; each launched probe measures
-    every phase, so the median ratio per phase corrects the ranking for the rest of the study.
-    """
-
-    factors: dict
-
-    @classmethod
-    def none(cls) -> "PhaseCorrection":
-        return cls({})
-
-    @classmethod
-    def from_study(cls, study, cfg: TuneConfig) -> "PhaseCorrection":
-        ratios: dict[str, list[float]] = {}
-        for t in study.get_trials(deepcopy=False):
-            measured = t.user_attrs.get("phase_s") or {}
-            if t.user_attrs.get("state") not in ("measured", "simulated") or "candidate" not in t.user_attrs:
-                continue
-            cand = Candidate.from_params(t.user_attrs["candidate"])
-            layout = ParallelLayout.of(cand, cfg.workload, gpus_per_node=cfg.gpus_per_node, nodes=cfg.nodes)
-            pred = estimate_step_time(cfg.model, cfg.gpu, cfg.workload, cand, layout).phase_s
-            for phase, seconds in measured.items():
-                if pred.get(phase, 0) > 0 and seconds > 0:
-                    ratios.setdefault(phase, []).append(seconds / pred[phase])
-        return cls({p: statistics.median(r) for p, r in ratios.items()})
-
-    def step_s(self, phase_s: dict, fixed_s: float) -> float:
-        return fixed_s + sum(s * self.factors.get(p, 1.0) for p, s in phase_s.items())
-
-
 def predicted(cfg: TuneConfig, cand: Candidate, workload: Workload, gate: MemoryGate,
-              constants: ModelConstants = DEFAULT_CONSTANTS, correction: PhaseCorrection | None = None
-              ) -> float | None:
+              constants: ModelConstants = DEFAULT_CONSTANTS) -> float | None:
     """Predicted tokens/s/GPU, or None when verl's rules or the memory gate would reject it."""
     layout = ParallelLayout.of(cand, workload, gpus_per_node=cfg.gpus_per_node, nodes=cfg.nodes)
     if check(cfg.model, workload, cand, layout):
@@ -101,11 +66,7 @@ def predicted(cfg: TuneConfig, cand: Candidate, workload: Workload, gate: Memory
     if not estimate_host_memory(cfg.model, workload, cand, layout, gpus_per_node=cfg.gpus_per_node,
                                 capacity_gib=cfg.host_mem_gib, constants=constants).fits:
         return None
-    step = estimate_step_time(cfg.model, cfg.gpu, workload, cand, layout, constants=constants)
-    if not correction or not correction.factors:
-        return step.tokens_per_s_per_gpu
-    step_s = correction.step_s(step.phase_s, constants.system.step_fixed_s)
-    return step.tokens_per_step / step_s / layout.world_size
+    return estimate_step_time(cfg.model, cfg.gpu, workload, cand, layout, constants=constants).tokens_per_s_per_gpu
 
 
 def neighbours(space: SearchSpace, cand: Candidate, workload: Workload):
@@ -122,14 +83,13 @@ def neighbours(space: SearchSpace, cand: Candidate, workload: Workload):
                 yield cand.with_(**{name: value})
 
 
-def polish(cfg: TuneConfig, space: SearchSpace, start: Ranked, gate: MemoryGate, rounds: int = 3,
-           correction: PhaseCorrection | None = None) -> Ranked:
+def polish(cfg: TuneConfig, space: SearchSpace, start: Ranked, gate: MemoryGate, rounds: int = 3) -> Ranked:
     """Coordinate descent from `start` over every applicable knob, on the model's prediction."""
     best = start
     for _ in range(rounds):
         improved = False
         for cand in neighbours(space, best.candidate, best.workload):
-            score = predicted(cfg, cand, best.workload, gate, correction=correction)
+            score = predicted(cfg, cand, best.workload, gate)
             if score is not None and score > best.predicted_tokens_per_s_per_gpu * 1.0001:
                 best, improved = Ranked(score, cand, best.workload), True
         if not improved:
@@ -138,8 +98,7 @@ def polish(cfg: TuneConfig, space: SearchSpace, start: Ranked, gate: MemoryGate,
 
 
 def rank_space(cfg: TuneConfig, space: SearchSpace, gate: MemoryGate, *, samples: int = 3000, keep: int = 3,
-               seed: int | None = None, correction: PhaseCorrection | None = None,
-               starts: list[Ranked] = ()) -> list[Ranked]:
+               seed: int | None = None, starts: list[Ranked] = ()) -> list[Ranked]:
     """The model's `keep` best distinct candidates (different layouts or batching modes first).
 
     `starts` (e.g. the best measured configurations) are polished along with the best samples."""
@@ -147,7 +106,7 @@ def rank_space(cfg: TuneConfig, space: SearchSpace, gate: MemoryGate, *, samples
     scored: list[Ranked] = list(starts)
     for _ in range(samples):
         cand, workload = sample_point(space, cfg.workload, rng)
-        score = predicted(cfg, cand, workload, gate, correction=correction)
+        score = predicted(cfg, cand, workload, gate)
         if score is not None:
             scored.append(Ranked(score, cand, workload))
     scored.sort(key=lambda r: r.predicted_tokens_per_s_per_gpu, reverse=True)
@@ -160,7 +119,7 @@ def rank_space(cfg: TuneConfig, space: SearchSpace, gate: MemoryGate, *, samples
         if shape in seen:
             continue
         seen.add(shape)
-        picked.append(polish(cfg, space, r, gate, correction=correction))
+        picked.append(polish(cfg, space, r, gate))
     picked.sort(key=lambda r: r.predicted_tokens_per_s_per_gpu, reverse=True)
     unique, params_seen = [], set()
     for r in picked:

@@ -244,21 +244,6 @@ def test_multi_objective_picks_the_fastest_with_enough_headroom(tmp_path):
                if r.peak_mem_gib <= get_gpu("H200").mem_gib - 40)
 
 
-def test_phase_correction_learns_a_uniformly_slower_machine(tmp_path):
-    from dataclasses import replace as dc_replace
-
-    from autotune.model.calibration import DEFAULT_CONSTANTS
-    from autotune.backends.sim import SimRunner
-    from autotune.search.warmstart import PhaseCorrection
-
-    slow_decode = dc_replace(DEFAULT_CONSTANTS, rollout=dc_replace(  # half the model's decode bandwidth
-        DEFAULT_CONSTANTS.rollout, decode_hbm_efficiency=DEFAULT_CONSTANTS.rollout.decode_hbm_efficiency / 2))
-    cfg = _cfg(tmp_path, trials=4, search=SearchOptions(warm_start=2))
-    study = run_study(cfg, SimRunner(constants=slow_decode))
-    factors = PhaseCorrection.from_study(study, cfg).factors
-    assert factors["gen"] > 1.1 and factors["update_actor"] == pytest.approx(1.0)  # gen also holds prefill, wake-up
-
-
 def test_a_candidate_whose_offload_overflows_the_hosts_ram_is_never_launched(tmp_path):
     """--host-mem-gib (or this machine's RAM for local probes): offloaded states must fit in it."""
     study = run_study(_cfg(tmp_path, trials=6, host_mem_gib=40.0, search=SearchOptions(warm_start=0)),

@@ -1,4 +1,5 @@
 import math
+import operator
 
 import numpy as np
 import optuna
@@ -10,7 +11,8 @@ from autotune.models import get_model
 from autotune.backends.base import get_runner
 from autotune.search.driver import run_study
 from autotune.search.equivalence import canonical_params, config_key
-from autotune.search.learned import LAYOUT, PHASE_LEVELS, CorrectedModel, PhaseGP, base_prediction
+from autotune.search.learned import (LAYOUT, PHASE_LEVELS, CorrectedModel, PhaseGP, base_prediction,
+                                     expected_improvement)
 from autotune.spaces.candidate import Candidate
 from autotune.workload import Workload
 
@@ -66,16 +68,17 @@ def test_corrected_model_learns_a_slower_generation_from_its_phase_times(tmp_pat
     gen_mean, _ = model.gps["gen"].predict(canonical_params(cand.as_params(), True))
     upd_mean, _ = model.gps["update_actor"].predict(canonical_params(cand.as_params(), True))
     assert gen_mean > math.log(1.1) and abs(upd_mean) < 0.02
-    step_s, optimistic_s = model.step(canonical_params(cand.as_params(), True), base, beta=2.0)
-    assert step_s > sum(base.phase_s.values()) and optimistic_s < step_s
-    assert model.step(canonical_params(cand.as_params(), True), base)[1] == pytest.approx(step_s)
+    params = canonical_params(cand.as_params(), True)
+    assert model.step_s(params, base) > sum(base.phase_s.values())
+    mean, var = model.log_time(params, base)
+    assert math.exp(mean) > sum(base.phase_s.values()) and var > 0
 
 
-def test_proposals_exploit_and_explore_leave_slots_to_tpe_and_never_repeat_a_configuration(tmp_path):
-    cfg = _cfg(tmp_path, trials=16, search=SearchOptions(warm_start=2))
+def test_proposals_improve_and_exploit_leave_slots_to_tpe_and_never_repeat_a_configuration(tmp_path):
+    cfg = _cfg(tmp_path, trials=18, search=SearchOptions(warm_start=2))
     study = run_study(cfg, get_runner("sim"))
     kinds = [t.user_attrs.get("model_proposal") for t in study.trials]
-    assert "exploit" in kinds and "explore" in kinds
+    assert "exploit" in kinds and "improve" in kinds
     assert any(k is None and not t.user_attrs.get("baseline") and t.user_attrs.get("warm_start") is None
                for k, t in zip(kinds, study.trials)), "TPE keeps some slots"
     proposed = [config_key(t.user_attrs["candidate"], True) for t in study.trials if t.user_attrs.get("model_proposal")]
@@ -95,3 +98,54 @@ def test_a_workload_holding_lists_is_predicted_and_cached(tmp_path):
     cfg = _cfg(tmp_path, workload=Workload(train_files=["a.parquet", "b.parquet"]))
     first = base_prediction(cfg, Candidate(), cfg.workload)
     assert first.feasible and base_prediction(cfg, Candidate(), cfg.workload) is first
+
+
+def test_expected_improvement_is_the_lognormal_partial_expectation():
+    rng = np.random.default_rng(0)
+    mean, var, best = math.log(100.0), 0.15 ** 2, 105.0
+    x = np.exp(rng.normal(mean, math.sqrt(var), 400_000))
+    assert expected_improvement(mean, var, best) == pytest.approx(np.maximum(x - best, 0).mean(), rel=0.02)
+    assert expected_improvement(math.log(50.0), 0.01 ** 2, 100.0) == pytest.approx(0.0, abs=1e-9)
+    # more uncertainty, more to gain below the incumbent
+    assert expected_improvement(mean, 0.3 ** 2, best) > expected_improvement(mean, var, best)
+
+
+def test_log_time_matches_the_first_two_moments_of_the_summed_phases(tmp_path):
+    """Fenton-Wilkinson: the log-normal fitted to the sum has its mean and variance (checked by sampling)."""
+    cfg = _cfg(tmp_path)
+    seen = _params(actor_engine="fsdp", ulysses_sp=2)
+    model = CorrectedModel(cfg, [(seen, {"gen": 40.0, "update_actor": 60.0}, {"gen": 50.0, "update_actor": 54.0}, 3.0)])
+    other = _params(actor_engine="megatron", actor_tp=2)
+    base = base_prediction(cfg, Candidate(**other), cfg.workload)
+    mean, var = model.log_time(other, base)
+    rng = np.random.default_rng(1)
+    total = np.full(200_000, model.other_s)
+    for phase, seconds in base.phase_s.items():
+        gp = model.gps.get(phase)
+        m, v = gp.predict(other) if gp else (0.0, 0.8 ** 2)
+        total += seconds * np.exp(rng.normal(m, math.sqrt(v), total.size))
+    assert math.exp(mean + var / 2) == pytest.approx(total.mean(), rel=0.01)
+    assert math.expm1(var) * math.exp(2 * mean + var) == pytest.approx(total.var(), rel=0.05)
+
+
+def test_improve_picks_pair_an_untried_layout_with_an_untried_rollout_setting(tmp_path):
+    """While such candidates exist, every improve pick is new in both parts; exploit picks pair parts anew."""
+    cfg = _cfg(tmp_path, trials=12, search=SearchOptions(warm_start=2))
+    study = run_study(cfg, get_runner("sim"))
+    layout_of = operator.itemgetter(*LAYOUT)
+    rollout_of = operator.itemgetter("rollout_tp", "max_num_seqs", "enable_chunked_prefill")
+    layouts, rollouts, pairs, improve, exploit = set(), set(), set(), 0, 0
+    for t in study.trials:
+        if t.user_attrs.get("state") not in ("measured", "simulated"):
+            continue
+        p = canonical_params(t.user_attrs["candidate"], True)
+        if t.user_attrs.get("model_proposal") == "improve":
+            improve += 1
+            assert layout_of(p) not in layouts and rollout_of(p) not in rollouts, t.number
+        elif t.user_attrs.get("model_proposal") == "exploit":
+            exploit += 1
+            assert (layout_of(p), rollout_of(p)) not in pairs, t.number
+        layouts.add(layout_of(p))
+        rollouts.add(rollout_of(p))
+        pairs.add((layout_of(p), rollout_of(p)))
+    assert improve >= 4 and exploit >= 2
