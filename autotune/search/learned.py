@@ -47,7 +47,7 @@ from autotune.verl.roles import separate_reference
 from autotune.verl.rules import check
 from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import SearchSpace
-from autotune.storage.records import best_records
+from autotune.storage.records import best_records, is_result
 from autotune.workload import Workload
 
 LAYOUT = ("actor_engine", "actor_tp", "actor_pp", "actor_vpp", "actor_cp", "actor_ep", "actor_etp", "ulysses_sp")
@@ -441,8 +441,8 @@ def propose(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> bool:
     acq.novel_both = None
     if kind == "improve":
         acq.novel_both = True
-        acq.incumbent = max(t.user_attrs["tokens_per_s_per_gpu"] for t in trials
-                            if t.user_attrs.get("state") in ("measured", "simulated"))
+        # finished results only: another worker's trial shows its state before its score is written
+        acq.incumbent = max((t.user_attrs["tokens_per_s_per_gpu"] for t in trials if is_result(t)), default=None)
     starts = [Candidate.from_params(study.trials[r.number].user_attrs["candidate"]) for r in best_records(study, k=3)]
     ranked = rank_corrected(cfg, space, acq, starts=starts, pool=candidate_pool(study, cfg, space), seed=len(trials))
     if acq.tried_parts and not any(config_key(s.candidate.as_params(), kl) not in tried for s in ranked):

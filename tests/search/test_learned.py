@@ -149,3 +149,19 @@ def test_improve_picks_pair_an_untried_layout_with_an_untried_rollout_setting(tm
         rollouts.add(rollout_of(p))
         pairs.add((layout_of(p), rollout_of(p)))
     assert improve >= 4 and exploit >= 2
+
+
+def test_an_improve_pick_ignores_a_trial_whose_score_another_worker_has_not_written_yet(tmp_path):
+    """Another worker's trial shows its state before its score (one storage write each): the incumbent is taken
+    from finished results only (seen as a KeyError in CI with 3 workers on PostgreSQL)."""
+    from autotune.search import learned
+    from autotune.search.driver import start_study
+
+    cfg = _cfg(tmp_path, trials=3, search=SearchOptions(warm_start=1))
+    run_study(cfg, get_runner("sim"))
+    space, study = start_study(cfg)
+    half_written = study.ask()
+    half_written.set_user_attr("state", "simulated")  # RUNNING, no tokens_per_s_per_gpu yet
+    study.set_user_attr(learned.CYCLE_ATTR, learned.CYCLE.index("improve"))
+    assert learned.propose(study, cfg, space)
+    assert any(t.user_attrs.get("model_proposal") == "improve" for t in study.get_trials(states=(optuna.trial.TrialState.WAITING,)))
