@@ -46,7 +46,7 @@ def job_of(probe_yaml: Path, prompt_mean: float) -> tuple[Workload, Candidate]:
                         rollout_n=rollout["n"], max_prompt_length=data["max_prompt_length"],
                         max_response_length=data["max_response_length"],
                         prompt_fill=prompt_mean / data["max_prompt_length"], use_kl_loss=actor["use_kl_loss"])
-    cand = Candidate(actor_engine=actor["strategy"] if actor["strategy"] != "fsdp2" else "fsdp2",
+    cand = Candidate(actor_engine=actor["strategy"],
                      ppo_micro_batch_size_per_gpu=actor["ppo_micro_batch_size_per_gpu"],
                      log_prob_micro_batch_size_per_gpu=rollout["log_prob_micro_batch_size_per_gpu"],
                      ref_log_prob_micro_batch_size_per_gpu=aro["ref"]["log_prob_micro_batch_size_per_gpu"],
@@ -74,8 +74,8 @@ def main() -> int:
           + f" {'GPU peak GiB':>17s}")
     for folder, trial, nvml_peak, fitted in TRIALS:
         m, step, mem = compare(folder, trial)
-        tps = step.tokens_per_s_per_gpu if hasattr(step, "tokens_per_s_per_gpu") else None
-        cells = [f"{m['perf/throughput']:5.0f} {tps or float('nan'):5.0f} {(tps or float('nan')) / m['perf/throughput']:4.2f}",
+        tps = step.tokens_per_s_per_gpu
+        cells = [f"{m['perf/throughput']:5.0f} {tps:5.0f} {tps / m['perf/throughput']:4.2f}",
                  f"{m['timing_s/step']:5.1f} {step.step_s:5.1f} {step.step_s / m['timing_s/step']:4.2f}"]
         cells += [f"{m[f'timing_s/{p}']:4.1f} {step.phase_s[p]:4.1f} {step.phase_s[p] / m[f'timing_s/{p}']:4.2f}"
                   for p in PHASES]
