@@ -129,7 +129,18 @@ def check() -> None:
 
 
 def reset() -> None:
+    """The stop was handled: forget it, including CPython's own note of it (below)."""
     global _held, _received
     _requested.clear()
     _held = None
     _received = 0
+    _forget_cpython_unhandled_flag()
+
+
+def _forget_cpython_unhandled_flag() -> None:
+    """A KeyboardInterrupt raised inside a string `exec` (dataclasses builds every __init__ that way, so a
+    signal while importing lands there about 1 time in 20) sets CPython's
+    `_PyRuntime.signals.unhandled_keyboard_interrupt` even though we catch it; under `python -m` the
+    interpreter then ends itself with SIGINT (exit -2) instead of our 130 (Python/pythonrun.c
+    run_eval_code_obj, Modules/main.c Py_RunMain). The next string eval clears the flag at its start."""
+    eval("None")

@@ -165,3 +165,25 @@ def test_a_second_signal_ends_a_probe_kill_grace_early(tmp_path, monkeypatch):
         proc.kill()
         proc.wait()
     assert time.monotonic() - started < 10, "the 30 s grace was waited out"
+
+
+def test_a_signal_inside_a_string_exec_still_exits_130(tmp_path):
+    """dataclasses build each __init__ with a string `exec`; a signal landing there set CPython's unhandled-
+    KeyboardInterrupt flag and `python -m autotune` exited by SIGINT (-2) although autotune caught it (CI, 1 in 20)."""
+    pkg = tmp_path / "sigexec"
+    pkg.mkdir()
+    (pkg / "__main__.py").write_text(
+        "import os, signal, sys\n"
+        "from autotune import interrupt\n"
+        "interrupt.install()\n"
+        "try:\n"
+        "    exec('os.kill(os.getpid(), signal.SIGTERM)\\nimport time\\ntime.sleep(5)', {'os': os, 'signal': signal})\n"
+        "except KeyboardInterrupt:\n"
+        "    interrupt.reset()\n"
+        "    sys.exit(130)\n"
+        "sys.exit(1)\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-m", "sigexec"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])},
+                          preexec_fn=_default_signals)
+    assert proc.returncode == 130, proc.stderr
