@@ -8,6 +8,7 @@ verl configuration never looks new (issue 19). space.SearchSpace.active_knobs de
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 
 from autotune.spaces.candidate import Candidate
@@ -37,3 +38,12 @@ def config_key(params: Mapping, ref_knobs: bool, workload_tuned: Mapping | None 
     """Hashable identity of the verl configuration a trial runs."""
     key = tuple(sorted(canonical_params(params, ref_knobs).items()))
     return key + tuple(sorted((workload_tuned or {}).items()))
+
+
+# The two parts of a configuration that the step's phases depend on (search/learned.py learns each part's
+# correction from the probes that share it): the actor layout (training phases) and vLLM's batching
+# setting (generation; gpu_memory_utilization and the token budget only fine-tune it).
+LAYOUT = ("actor_engine", "actor_tp", "actor_pp", "actor_vpp", "actor_cp", "actor_ep", "actor_etp", "ulysses_sp")
+ROLLOUT_SETTING = ("rollout_tp", "max_num_seqs", "enable_chunked_prefill")
+layout_key = operator.itemgetter(*LAYOUT)
+rollout_key = operator.itemgetter(*ROLLOUT_SETTING)

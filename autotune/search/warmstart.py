@@ -17,6 +17,7 @@ from autotune.model.calibration import DEFAULT_CONSTANTS, ModelConstants
 from autotune.model.cost import estimate_step_time
 from autotune.model.host_memory import estimate_host_memory
 from autotune.model.memory import estimate_memory
+from autotune.search.equivalence import layout_key, rollout_key
 from autotune.search.prescreen import MemoryGate, memory_ratio
 from autotune.spaces.candidate import Candidate
 from autotune.verl.rules import check
@@ -121,13 +122,26 @@ def rank_space(cfg: TuneConfig, space: SearchSpace, gate: MemoryGate, *, samples
         seen.add(shape)
         picked.append(polish(cfg, space, r, gate))
     picked.sort(key=lambda r: r.predicted_tokens_per_s_per_gpu, reverse=True)
-    unique, params_seen = [], set()
-    for r in picked:
-        key = tuple(sorted(r.candidate.as_params().items()))
-        if key not in params_seen:
-            params_seen.add(key)
-            unique.append(r)
-    return unique[:keep]
+    return _spread(picked, keep)
+
+
+def _spread(ranked: list[Ranked], keep: int) -> list[Ranked]:
+    """The best `keep`, each with an actor layout and a rollout setting no better one has while such remain
+    (then one of the two new, then any distinct point). Polishing pulls the best samples to nearly one point;
+    probes of near-twins teach the phase corrections (search/learned.py) little, one of each part a lot."""
+    chosen: list[Ranked] = []
+    params = [r.candidate.as_params() for r in ranked]
+    for need in (2, 1, 0):
+        for r, p in zip(ranked, params):
+            if len(chosen) >= keep:
+                return chosen
+            if any(r.candidate == c.candidate for c in chosen):
+                continue
+            new_parts = (all(layout_key(p) != layout_key(c.candidate.as_params()) for c in chosen)
+                         + all(rollout_key(p) != rollout_key(c.candidate.as_params()) for c in chosen))
+            if new_parts >= need:
+                chosen.append(r)
+    return chosen
 
 
 def _shape(params: Mapping) -> tuple:
