@@ -9,15 +9,13 @@ with it, and most for those that share the finest groups; a candidate that share
 uncertainty. This is GP regression with a sum of categorical (Hamming-type) kernels, as BoTorch's mixed
 kernels use for categorical inputs, kept to numpy and a few dozen observations.
 
-The corrected model picks the next probe two ways. *Thompson*: one draw of every phase's residual function from
-its posterior, and the candidate fastest under that draw (Thompson sampling: each candidate is probed with the
-probability that it is the fastest, so near-ties between layouts the model cannot tell apart are broken
-differently by each study instead of always the same way, as the expected improvement did); only
+The corrected model picks the next probe two ways. *Improve*: the expected improvement of its throughput over
+the best measured one, the step time log-normal (each phase's posterior, summed by moment matching); only
 candidates that pair an untried actor layout with an untried rollout setting compete while the model has
 such candidates (then those with either untried), so each probe teaches both parts of the step, and a
-re-probe of a near-identical configuration is never spent on noise-sized uncertainty. *Exploit*: the posterior
+re-probe of a near-identical configuration never wins on noise-sized uncertainty. *Exploit*: the posterior
 median throughput among pairings of a layout and a rollout setting not probed together, which harvests what
-the Thompson picks learned (the best layout with the best rollout setting, each measured in another probe).
+the improve picks learned (the best layout with the best rollout setting, each measured in another probe).
 Constraint handling is unchanged: candidates go through verl's rules, the memory gate and the OOM boundaries
 before they are proposed, and the driver checks them again.
 """
@@ -49,7 +47,7 @@ from autotune.verl.roles import separate_reference
 from autotune.verl.rules import check
 from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import SearchSpace
-from autotune.storage.records import best_records
+from autotune.storage.records import best_records, is_result
 from autotune.workload import Workload
 
 ROLLOUT = ("rollout_tp", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill")
@@ -87,10 +85,10 @@ PHASE_LEVELS: dict[str, tuple] = {
 }
 _DEFAULT_LEVELS = (((), _ALL), (LAYOUT, 0.15), (ROLLOUT, 0.15))
 NOISE_REL = 0.05  # run-to-run spread of a phase's median time (the sim plays 3% per step)
-# two Thompson picks per exploit pick; one slot in twelve is left to TPE (the first after the warm start and 11
+# two improve picks per exploit pick; one slot in twelve is left to TPE (the first after the warm start and 11
 # proposals), so a truth the kernel cannot express still gets other probes without spending the early ones
-CYCLE = ("thompson", "thompson", "exploit", "thompson", "thompson", "exploit", "thompson", "thompson", "exploit",
-         "thompson", "thompson", "sampler")
+CYCLE = ("improve", "improve", "exploit", "improve", "improve", "exploit", "improve", "improve", "exploit",
+         "improve", "improve", "sampler")
 CYCLE_ATTR = "learned_cycle"
 
 
@@ -112,7 +110,6 @@ class PhaseGP:
             for ix in groups.values():
                 K[np.ix_(ix, ix)] += scale * scale
         K[np.diag_indices(self.n)] += NOISE_REL ** 2
-        self.y = y
         self.K_inv = np.linalg.inv(K)
         self.alpha = self.K_inv @ y
 
@@ -126,37 +123,6 @@ class PhaseGP:
         mean = float(k @ self.alpha)
         var = max(self.var0 - float(k @ self.K_inv @ k), 1e-6)
         return mean, var
-
-    def sample(self, rng: np.random.Generator):
-        """One draw of the residual function from the posterior, consistent across candidates (Thompson
-        sampling): the latent value of every group seen in the observations drawn jointly, every other group
-        from its prior when first asked for. The kernel is a sum of independent per-group values, so
-        log residual = sum over levels of the candidate's group value, with y = Z u + noise."""
-        columns: list[tuple[int, object]] = [(li, g) for li, index in enumerate(self.index) for g in index]
-        Z = np.zeros((self.n, len(columns)))
-        prior_var = np.empty(len(columns))
-        for j, (li, g) in enumerate(columns):
-            Z[self.index[li][g], j] = 1.0
-            prior_var[j] = self.levels[li][1] ** 2
-        noise_var = NOISE_REL ** 2
-        precision = Z.T @ Z / noise_var + np.diag(1.0 / prior_var)
-        cov = np.linalg.inv(precision)
-        mean = cov @ (Z.T @ self.y) / noise_var
-        draw = rng.multivariate_normal(mean, (cov + cov.T) / 2, method="cholesky")
-        values: list[dict] = [{} for _ in self.levels]
-        for (li, g), v in zip(columns, draw):
-            values[li][g] = float(v)
-
-        def residual(params: Mapping) -> float:
-            total = 0.0
-            for li, get in enumerate(self.getters):
-                key = get(params)
-                v = values[li].get(key)
-                if v is None:
-                    v = values[li][key] = float(rng.normal(0.0, self.levels[li][1]))
-                total += v
-            return total
-        return residual
 
 
 def _getter(knobs: tuple):
@@ -243,19 +209,23 @@ class CorrectedModel:
             obs.append((canonical_params(cand.as_params(), separate_reference(cfg.workload)), base.phase_s, measured, other))
         return cls(cfg, obs)
 
-    def draw(self, rng: np.random.Generator):
-        """One posterior draw of the step-time function (Thompson sampling): step seconds of a candidate."""
-        residuals = {phase: gp.sample(rng) for phase, gp in self.gps.items()}
-        unmeasured: dict[str, float] = {}  # a phase no probe timed: one prior draw for every candidate
-
-        def step_s(params: Mapping, base: Base) -> float:
-            total = self.other_s
-            for phase, seconds in base.phase_s.items():
-                f = residuals.get(phase)
-                r = f(params) if f is not None else unmeasured.setdefault(phase, float(rng.normal(0.0, _ALL)))
-                total += seconds * math.exp(r)
-            return total
-        return step_s
+    def log_time(self, params: Mapping, base: Base, phases: frozenset | None = None,
+                 other: bool = True) -> tuple[float, float]:
+        """(mean, variance) of the log of these phases' seconds (all, and the untimed rest, by default) under
+        the corrected model. Each phase's time is log-normal (its GP's posterior); their sum is matched to
+        one log-normal by its first two moments (Fenton-Wilkinson), the phases being learned separately."""
+        mean_s, var_s = (self.other_s if other else 0.0), 0.0
+        for phase, seconds in base.phase_s.items():
+            if phases is not None and phase not in phases:
+                continue
+            gp = self.gps.get(phase)
+            m, v = gp.predict(params) if gp is not None else (0.0, _ALL ** 2)
+            mean_s += seconds * math.exp(m + v / 2)
+            var_s += seconds * seconds * math.exp(2 * m + v) * math.expm1(v)
+        if mean_s <= 0:
+            return -math.inf, 0.0
+        log_var = math.log1p(var_s / (mean_s * mean_s))
+        return math.log(mean_s) - log_var / 2, log_var
 
     def step_s(self, params: Mapping, base: Base) -> float:
         """Median step seconds under the corrected model: each phase at its posterior median."""
@@ -276,7 +246,7 @@ def _workload(cfg: TuneConfig, attrs: Mapping) -> Workload:
 
 @dataclass(frozen=True)
 class Scored:
-    score: float  # the acquisition: median tokens/s/GPU (exploit) or tokens/s/GPU under one posterior draw (Thompson)
+    score: float  # the acquisition: median tokens/s/GPU (exploit) or its expected improvement (improve)
     median_tokens_per_s_per_gpu: float
     candidate: Candidate
     workload: Workload
@@ -286,14 +256,12 @@ class Acquisition:
     """Scores candidates under the corrected model; memoised within one proposal."""
 
     def __init__(self, cfg: TuneConfig, model: CorrectedModel, gate: MemoryGate,
-                 study: optuna.Study | None = None) -> None:
-        """draw (set by a Thompson pick): one posterior draw of step seconds; the score is the throughput under it
-        (otherwise the posterior median throughput)."""
-        self.cfg, self.model, self.gate = cfg, model, gate
-        self.draw = None
+                 study: optuna.Study | None = None, incumbent: float | None = None) -> None:
+        """incumbent: the best measured tokens/s/GPU; when given, the score is the expected improvement over it."""
+        self.cfg, self.model, self.gate, self.incumbent = cfg, model, gate, incumbent
         self.ooms = measured_outcomes(study)[0] if study is not None else []
         self._memo: dict = {}
-        # (probed layouts, probed rollout settings): a Thompson pick tries an untried layout with an untried
+        # (probed layouts, probed rollout settings): an "improve" pick tries an untried layout with an untried
         # rollout setting while the model has such candidates, and at least one of the two after that
         self.tried_parts: tuple[set, set, set] | None = None  # and the probed (layout, rollout setting) pairs
         self.novel_both: bool | None = True
@@ -308,8 +276,10 @@ class Acquisition:
         out = None
         if self._novel(params) and base.feasible and self.gate.admits(base.memory_ratio) and not self._inferred_oom(params):
             per = base.tokens_per_step / base.world
-            if self.draw is not None:
-                out = Scored(per / self.draw(params, base), per / self.model.step_s(params, base), cand, workload)
+            if self.incumbent:
+                mu, var = self.model.log_time(params, base)
+                out = Scored(expected_improvement(math.log(per) - mu, var, self.incumbent), per / math.exp(mu),
+                             cand, workload)
             else:
                 median = per / self.model.step_s(params, base)
                 out = Scored(median, median, cand, workload)
@@ -317,7 +287,7 @@ class Acquisition:
         return out
 
     def relax(self) -> None:
-        """Nothing untried passed: a Thompson pick takes an untried layout or rollout setting, an exploit pick
+        """Nothing untried passed: an improve pick takes an untried layout or rollout setting, an exploit pick
         any untried configuration."""
         if self.novel_both:
             self.novel_both = False
@@ -340,6 +310,18 @@ class Acquisition:
                    for t in self.ooms)
 
 
+
+
+def expected_improvement(mean: float, var: float, best: float) -> float:
+    """E[max(0, X - best)] for log X ~ N(mean, var) (the log-normal's upper partial expectation)."""
+    sd = math.sqrt(max(var, 1e-12))
+    log_best = math.log(best)
+    upper = math.exp(mean + var / 2) * _norm_cdf((mean + var - log_best) / sd)
+    return max(upper - best * _norm_cdf((mean - log_best) / sd), 0.0)
+
+
+def _norm_cdf(z: float) -> float:
+    return 0.5 * math.erfc(-z / math.sqrt(2))
 
 
 def _polish(space: SearchSpace, start: Scored, acq: Acquisition, rounds: int = 2) -> Scored:
@@ -432,7 +414,7 @@ def rank_corrected(cfg: TuneConfig, space: SearchSpace, acq: Acquisition, *, sta
 
 
 def propose(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> bool:
-    """Enqueue the corrected model's next pick (Thompson or exploit by the cycle); False leaves the slot to TPE."""
+    """Enqueue the corrected model's next pick (improve or exploit by the cycle); False leaves the slot to TPE."""
     trials = study.get_trials(deepcopy=False)
     if any(t.state == TrialState.WAITING for t in trials):
         return False
@@ -453,10 +435,10 @@ def propose(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> bool:
     acq.tried_parts = ({layout_key(p) for p in probed}, {rollout_key(p) for p in probed},
                        {(layout_key(p), rollout_key(p)) for p in probed})
     acq.novel_both = None
-    if kind == "thompson":
+    if kind == "improve":
         acq.novel_both = True
-        # seeded by the study's seed and its size: a resumed or repeated study makes the same picks
-        acq.draw = model.draw(np.random.default_rng(None if cfg.seed is None else [cfg.seed, len(trials)]))
+        # finished results only: another worker's trial shows its state before its score is written
+        acq.incumbent = max((t.user_attrs["tokens_per_s_per_gpu"] for t in trials if is_result(t)), default=None)
     starts = [Candidate.from_params(study.trials[r.number].user_attrs["candidate"]) for r in best_records(study, k=3)]
     ranked = rank_corrected(cfg, space, acq, starts=starts, pool=candidate_pool(study, cfg, space), seed=len(trials))
     if acq.tried_parts and not any(config_key(s.candidate.as_params(), kl) not in tried for s in ranked):

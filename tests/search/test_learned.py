@@ -11,7 +11,8 @@ from autotune.models import get_model
 from autotune.backends.base import get_runner
 from autotune.search.driver import run_study
 from autotune.search.equivalence import canonical_params, config_key
-from autotune.search.learned import LAYOUT, PHASE_LEVELS, CorrectedModel, PhaseGP, base_prediction
+from autotune.search.learned import (LAYOUT, PHASE_LEVELS, CorrectedModel, PhaseGP, base_prediction,
+                                     expected_improvement)
 from autotune.spaces.candidate import Candidate
 from autotune.workload import Workload
 
@@ -69,13 +70,15 @@ def test_corrected_model_learns_a_slower_generation_from_its_phase_times(tmp_pat
     assert gen_mean > math.log(1.1) and abs(upd_mean) < 0.02
     params = canonical_params(cand.as_params(), True)
     assert model.step_s(params, base) > sum(base.phase_s.values())
+    mean, var = model.log_time(params, base)
+    assert math.exp(mean) > sum(base.phase_s.values()) and var > 0
 
 
-def test_thompson_and_exploit_proposals_leave_slots_to_tpe_and_never_repeat_a_configuration(tmp_path):
+def test_proposals_improve_and_exploit_leave_slots_to_tpe_and_never_repeat_a_configuration(tmp_path):
     cfg = _cfg(tmp_path, trials=18, search=SearchOptions(warm_start=2))
     study = run_study(cfg, get_runner("sim"))
     kinds = [t.user_attrs.get("model_proposal") for t in study.trials]
-    assert "exploit" in kinds and "thompson" in kinds
+    assert "exploit" in kinds and "improve" in kinds
     assert any(k is None and not t.user_attrs.get("baseline") and t.user_attrs.get("warm_start") is None
                for k, t in zip(kinds, study.trials)), "TPE keeps some slots"
     proposed = [config_key(t.user_attrs["candidate"], True) for t in study.trials if t.user_attrs.get("model_proposal")]
@@ -97,19 +100,47 @@ def test_a_workload_holding_lists_is_predicted_and_cached(tmp_path):
     assert first.feasible and base_prediction(cfg, Candidate(), cfg.workload) is first
 
 
-def test_thompson_picks_pair_an_untried_layout_with_an_untried_rollout_setting(tmp_path):
-    """While such candidates exist, every Thompson pick is new in both parts; exploit picks pair parts anew."""
+def test_expected_improvement_is_the_lognormal_partial_expectation():
+    rng = np.random.default_rng(0)
+    mean, var, best = math.log(100.0), 0.15 ** 2, 105.0
+    x = np.exp(rng.normal(mean, math.sqrt(var), 400_000))
+    assert expected_improvement(mean, var, best) == pytest.approx(np.maximum(x - best, 0).mean(), rel=0.02)
+    assert expected_improvement(math.log(50.0), 0.01 ** 2, 100.0) == pytest.approx(0.0, abs=1e-9)
+    # more uncertainty, more to gain below the incumbent
+    assert expected_improvement(mean, 0.3 ** 2, best) > expected_improvement(mean, var, best)
+
+
+def test_log_time_matches_the_first_two_moments_of_the_summed_phases(tmp_path):
+    """Fenton-Wilkinson: the log-normal fitted to the sum has its mean and variance (checked by sampling)."""
+    cfg = _cfg(tmp_path)
+    seen = _params(actor_engine="fsdp", ulysses_sp=2)
+    model = CorrectedModel(cfg, [(seen, {"gen": 40.0, "update_actor": 60.0}, {"gen": 50.0, "update_actor": 54.0}, 3.0)])
+    other = _params(actor_engine="megatron", actor_tp=2)
+    base = base_prediction(cfg, Candidate(**other), cfg.workload)
+    mean, var = model.log_time(other, base)
+    rng = np.random.default_rng(1)
+    total = np.full(200_000, model.other_s)
+    for phase, seconds in base.phase_s.items():
+        gp = model.gps.get(phase)
+        m, v = gp.predict(other) if gp else (0.0, 0.8 ** 2)
+        total += seconds * np.exp(rng.normal(m, math.sqrt(v), total.size))
+    assert math.exp(mean + var / 2) == pytest.approx(total.mean(), rel=0.01)
+    assert math.expm1(var) * math.exp(2 * mean + var) == pytest.approx(total.var(), rel=0.05)
+
+
+def test_improve_picks_pair_an_untried_layout_with_an_untried_rollout_setting(tmp_path):
+    """While such candidates exist, every improve pick is new in both parts; exploit picks pair parts anew."""
     cfg = _cfg(tmp_path, trials=12, search=SearchOptions(warm_start=2))
     study = run_study(cfg, get_runner("sim"))
     layout_of = operator.itemgetter(*LAYOUT)
     rollout_of = operator.itemgetter("rollout_tp", "max_num_seqs", "enable_chunked_prefill")
-    layouts, rollouts, pairs, thompson, exploit = set(), set(), set(), 0, 0
+    layouts, rollouts, pairs, improve, exploit = set(), set(), set(), 0, 0
     for t in study.trials:
         if t.user_attrs.get("state") not in ("measured", "simulated"):
             continue
         p = canonical_params(t.user_attrs["candidate"], True)
-        if t.user_attrs.get("model_proposal") == "thompson":
-            thompson += 1
+        if t.user_attrs.get("model_proposal") == "improve":
+            improve += 1
             assert layout_of(p) not in layouts and rollout_of(p) not in rollouts, t.number
         elif t.user_attrs.get("model_proposal") == "exploit":
             exploit += 1
@@ -117,12 +148,12 @@ def test_thompson_picks_pair_an_untried_layout_with_an_untried_rollout_setting(t
         layouts.add(layout_of(p))
         rollouts.add(rollout_of(p))
         pairs.add((layout_of(p), rollout_of(p)))
-    assert thompson >= 4 and exploit >= 2
+    assert improve >= 4 and exploit >= 2
 
 
-def test_a_pick_ignores_a_trial_whose_score_another_worker_has_not_written_yet(tmp_path):
-    """Another worker's trial shows its state before its score (one storage write each); the model learns from
-    finished results only (the expected-improvement incumbent hit a KeyError in CI with 3 workers on PostgreSQL)."""
+def test_an_improve_pick_ignores_a_trial_whose_score_another_worker_has_not_written_yet(tmp_path):
+    """Another worker's trial shows its state before its score (one storage write each): the incumbent is taken
+    from finished results only (seen as a KeyError in CI with 3 workers on PostgreSQL)."""
     from autotune.search import learned
     from autotune.search.driver import start_study
 
@@ -131,32 +162,6 @@ def test_a_pick_ignores_a_trial_whose_score_another_worker_has_not_written_yet(t
     space, study = start_study(cfg)
     half_written = study.ask()
     half_written.set_user_attr("state", "simulated")  # RUNNING, no tokens_per_s_per_gpu yet
-    study.set_user_attr(learned.CYCLE_ATTR, learned.CYCLE.index("thompson"))
+    study.set_user_attr(learned.CYCLE_ATTR, learned.CYCLE.index("improve"))
     assert learned.propose(study, cfg, space)
-    assert any(t.user_attrs.get("model_proposal") == "thompson" for t in study.get_trials(states=(optuna.trial.TrialState.WAITING,)))
-
-
-def test_a_posterior_draw_has_the_gp_posterior_mean_and_variance_and_is_one_function():
-    """Thompson picks score every candidate under one draw: per candidate the draws must follow the closed-form
-    posterior (predict), and two candidates sharing a group must share its drawn value."""
-    levels = PHASE_LEVELS["update_actor"]
-    seen = [_params(actor_engine="megatron", actor_tp=2, ppo_micro_batch_size_per_gpu=4),
-            _params(actor_engine="fsdp", ulysses_sp=2, ppo_micro_batch_size_per_gpu=8)]
-    gp = PhaseGP(levels, seen, np.array([math.log(1.3), math.log(0.9)]))
-    near = _params(actor_engine="megatron", actor_tp=2, ppo_micro_batch_size_per_gpu=8)
-    unseen = _params(actor_engine="megatron", actor_tp=4, actor_pp=2, ppo_micro_batch_size_per_gpu=2)
-    rng = np.random.default_rng(0)
-    draws = [gp.sample(rng) for _ in range(4000)]
-    for params in (seen[0], near, unseen):
-        values = np.array([f(params) for f in draws])
-        mean, var = gp.predict(params)
-        assert values.mean() == pytest.approx(mean, abs=4 * math.sqrt(var / len(values)) + 1e-3)
-        assert values.var() == pytest.approx(var, rel=0.1)
-    f = draws[0]
-    assert f(unseen) == f(unseen)  # a group first met in this draw keeps its value
-    # a knob the update phase's groups do not hold leaves the draw unchanged; a shared untried layout moves
-    # both of its micro-batch sizes together (independent draws per candidate would give correlation 0)
-    assert all(g(unseen) == g({**unseen, "gpu_memory_utilization": 0.3}) for g in draws[:50])
-    sibling = {**unseen, "ppo_micro_batch_size_per_gpu": 8}
-    corr = np.corrcoef([g(unseen) for g in draws], [g(sibling) for g in draws])[0, 1]
-    assert corr > 0.7
+    assert any(t.user_attrs.get("model_proposal") == "improve" for t in study.get_trials(states=(optuna.trial.TrialState.WAITING,)))
