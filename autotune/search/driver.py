@@ -61,7 +61,8 @@ def study_identity(cfg: TuneConfig) -> dict:
 
 
 # the storage each opened study was created on: the lease reads and fails other tuners' trials through its
-# public BaseStorage API (a Study exposes its storage only privately)
+# public BaseStorage API (a Study exposes its storage only privately). Optuna uses open_storage's storage as it
+# is, so these writes pass the same cache and retry as the study's own.
 _STORAGES: "weakref.WeakKeyDictionary[optuna.Study, optuna.storages.BaseStorage]" = weakref.WeakKeyDictionary()
 
 

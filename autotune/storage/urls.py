@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import fcntl
 import os
 import re
@@ -53,41 +54,40 @@ def check_storage_url(url: str) -> str:
 STORAGE_RETRY_WAITS_S = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)  # ~30 s: a database restart or a held lock
 
 # A lost connection or a lock. PendingRollbackError belongs here: when a server restart kills the
-# connection inside a call, Optuna's _get_trials catches the first error and retries in the same
-# session, whose dead transaction then raises it ("Can't reconnect until invalid transaction is
-# rolled back"); Optuna's session wrapper rolls back, so the repeated call runs on a new connection.
+# connection inside a call, Optuna's RDBStorage (optuna/storages/_rdb/storage.py, _get_trials) catches
+# the first error and retries in the same session, whose dead transaction then raises it ("Can't
+# reconnect until invalid transaction is rolled back"); Optuna's session wrapper rolls back, so the
+# repeated call runs on a new connection.
 _TRANSIENT = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError, sqlalchemy.exc.PendingRollbackError)
 
 
-def _retrying(name: str):
-    original = getattr(optuna.storages.RDBStorage, name)
+def call_with_retry(call, *args, **kwargs):
+    """`call(*args, **kwargs)`, repeated with back-off while the database is lost or locked.
 
-    def call(self, *args, **kwargs):
-        for wait_s in STORAGE_RETRY_WAITS_S + (None,):
-            try:
-                return original(self, *args, **kwargs)
-            except (*_TRANSIENT, optuna.exceptions.StorageInternalError) as exc:
-                cause = exc.__cause__ if isinstance(exc, optuna.exceptions.StorageInternalError) else exc
-                if not isinstance(cause, _TRANSIENT):
-                    raise  # a real error in the data, not a lost connection or a lock: never retried
-                exc = cause
-                full = _disk_full(exc)
-                if full:
-                    raise StorageUnavailable(f"the study database's disk is full ({full}); finished trials are "
-                                             "stored, free some space and run the same command") from None
-                if wait_s is None:
-                    reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-                    raise StorageUnavailable(
-                        f"the study database stopped answering ({reason}) for {sum(STORAGE_RETRY_WAITS_S):.0f} s; "
-                        "finished trials are stored, run the same command to resume") from None
-                from autotune import interrupt
+    Each storage call is one transaction, so a call that failed did not happen and is safe to repeat. A full
+    disk or a real error in the data is raised at once; a database gone for all of STORAGE_RETRY_WAITS_S
+    stops the run with one StorageUnavailable line.
+    """
+    for wait_s in STORAGE_RETRY_WAITS_S + (None,):
+        try:
+            return call(*args, **kwargs)
+        except (*_TRANSIENT, optuna.exceptions.StorageInternalError) as exc:
+            cause = exc.__cause__ if isinstance(exc, optuna.exceptions.StorageInternalError) else exc
+            if not isinstance(cause, _TRANSIENT):
+                raise  # a real error in the data, not a lost connection or a lock: never retried
+            full = _disk_full(cause)
+            if full:
+                raise StorageUnavailable(f"the study database's disk is full ({full}); finished trials are "
+                                         "stored, free some space and run the same command") from None
+            if wait_s is None:
+                reason = str(getattr(cause, "orig", None) or cause).strip().splitlines()[0]
+                raise StorageUnavailable(
+                    f"the study database stopped answering ({reason}) for {sum(STORAGE_RETRY_WAITS_S):.0f} s; "
+                    "finished trials are stored, run the same command to resume") from None
+            from autotune import interrupt
 
-                interrupt.check()  # the failed call changed nothing: a stop request need not wait out the back-off
-                time.sleep(wait_s)
-
-    call.__name__ = name
-    call.__doc__ = original.__doc__
-    return call
+            interrupt.check()  # the failed call changed nothing: a stop request need not wait out the back-off
+            time.sleep(wait_s)
 
 
 def _disk_full(exc: Exception) -> str | None:
@@ -101,21 +101,34 @@ def _disk_full(exc: Exception) -> str | None:
     return None
 
 
-class RetryingRDBStorage(optuna.storages.RDBStorage):
-    """RDBStorage whose every call is retried on a lost connection or a locked database, with back-off.
+class RetryingStorage(optuna.storages.BaseStorage):
+    """An Optuna storage whose every call goes to `inner` through call_with_retry.
 
-    A PostgreSQL restart or another worker holding SQLite's write lock then costs a pause, not the run;
-    each storage call is one transaction, so a call that failed did not happen and is safe to repeat.
+    A PostgreSQL restart or another worker holding SQLite's write lock then costs a pause, not the run. Only
+    BaseStorage's public methods are used: Optuna takes any storage that is not an RDBStorage as it is
+    (optuna.storages.get_storage, optuna 5.1 storages/__init__.py:41-55), and `inner` may be any storage,
+    Optuna's cache in front of an RDBStorage included (open_storage).
     """
 
+    def __init__(self, inner: optuna.storages.BaseStorage) -> None:
+        self.inner = inner
 
-# every call that reaches the database, the private ones Optuna's _CachedStorage uses included
-_DB_CALLS = optuna.storages.BaseStorage.__abstractmethods__ | {
-    "get_n_trials", "get_best_trial", "get_trial_id_from_study_id_trial_number", "record_heartbeat",
-    "_create_new_trial", "_get_best_trial_id", "_get_stale_trial_ids", "_get_trials", "_set_trial_param"}
-for _name in sorted(_DB_CALLS):
-    if hasattr(optuna.storages.RDBStorage, _name):
-        setattr(RetryingRDBStorage, _name, _retrying(_name))
+
+def _forward(name: str):
+    def call(self, *args, **kwargs):
+        return call_with_retry(getattr(self.inner, name), *args, **kwargs)
+
+    call.__name__ = name
+    call.__doc__ = getattr(optuna.storages.BaseStorage, name).__doc__
+    return call
+
+
+# every public method of Optuna's storage interface, the abstract ones and those with a default (an RDBStorage
+# answers get_n_trials or get_trial_id_from_study_id_trial_number with one query, the default reads all trials)
+for _name, _member in vars(optuna.storages.BaseStorage).items():
+    if callable(_member) and not _name.startswith("_"):
+        setattr(RetryingStorage, _name, _forward(_name))
+abc.update_abstractmethods(RetryingStorage)  # each abstract one is now forwarded
 
 
 def open_storage(url: str) -> optuna.storages.BaseStorage:
@@ -127,10 +140,23 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     # SQLite: wait for a lock held by another process instead of failing at once.
     engine_kwargs = {"connect_args": {"timeout": 30}} if backend == "sqlite" else {"pool_pre_ping": True}
     try:
-        return RetryingRDBStorage(url, engine_kwargs=engine_kwargs)
+        return rdb_storage(url, engine_kwargs)
     except (SQLAlchemyError, OSError) as exc:
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         raise StorageError(f"cannot open storage {redact(url)}: {reason}") from None
+
+
+def rdb_storage(url: str, engine_kwargs: dict) -> RetryingStorage:
+    """Optuna's RDBStorage with what Optuna itself puts in front of one, its cache of finished trials, and the
+    retry around both.
+
+    The cache, from `optuna.storages.get_storage` (the call create_study and load_study make on every storage;
+    public by name, "only for internal usage" by its docstring), reads only the new and unfinished trials: a
+    60-trial study without it spent 3x the CPU (benchmarks/results/storage_retry_cost.txt). It adds to its
+    state only after its database call succeeded (optuna 5.1 storages/_cached_storage.py), so a failed call is
+    repeated from an unchanged cache.
+    """
+    return RetryingStorage(optuna.storages.get_storage(optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)))
 
 
 def redact(url: str) -> str:

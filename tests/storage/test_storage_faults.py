@@ -35,7 +35,7 @@ def _hold_lock(db: Path, seconds: float, started: threading.Event) -> None:
 
 def _storage(db: Path):
     # a short SQLite busy timeout, so the lock shows up as errors the retry layer must absorb
-    return urls.RetryingRDBStorage(f"sqlite:///{db}", engine_kwargs={"connect_args": {"timeout": 0.05}})
+    return urls.rdb_storage(f"sqlite:///{db}", {"connect_args": {"timeout": 0.05}})
 
 
 def test_a_locked_database_is_waited_out(tmp_path, monkeypatch):
@@ -107,12 +107,11 @@ def test_a_dead_transaction_is_retried_but_a_data_error_is_not(tmp_path, monkeyp
         return original(self)
 
     monkeypatch.setattr(optuna.storages.RDBStorage, "get_all_studies", flaky)
-    retrying = urls._retrying("get_all_studies")
     if error == "pending_rollback":
-        assert [s.study_name for s in retrying(storage)] == [study.study_name] and len(calls) == 2
+        assert [s.study_name for s in storage.get_all_studies()] == [study.study_name] and len(calls) == 2
     else:
         with pytest.raises(optuna.exceptions.StorageInternalError):
-            retrying(storage)
+            storage.get_all_studies()
         assert len(calls) == 1
 
 
@@ -181,7 +180,7 @@ def test_a_full_database_disk_is_reported_as_such_at_once(tmp_path, monkeypatch)
     monkeypatch.setattr(optuna.storages.RDBStorage, "get_all_studies", full)
     started = time.monotonic()
     with pytest.raises(StorageUnavailable, match="disk is full") as info:
-        urls._retrying("get_all_studies")(storage)
+        storage.get_all_studies()
     assert time.monotonic() - started < 1.0 and len(calls) == 1
     assert "\n" not in str(info.value) and "stopped answering" not in str(info.value)
 
@@ -204,3 +203,43 @@ def test_a_full_disk_leaves_no_empty_temporary_file(tmp_path, monkeypatch, write
         else:
             write_result_json(tmp_path / "result.json", {"best": None})
     assert list(tmp_path.iterdir()) == []
+
+
+class LockedOnce:
+    """TEST DOUBLE: a study storage whose `method` meets a locked database on its first call; all else is `real`."""
+
+    def __init__(self, real, method: str) -> None:
+        self.real, self.method, self.calls = real, method, 0
+
+    def __getattr__(self, name):
+        found = getattr(self.real, name)
+        if name != self.method:
+            return found
+
+        def locked_once(*args, **kwargs):
+            import sqlalchemy
+
+            self.calls += 1
+            if self.calls == 1:
+                raise sqlalchemy.exc.OperationalError("UPDATE", {}, sqlite3.OperationalError("database is locked"))
+            return found(*args, **kwargs)
+
+        return locked_once
+
+
+@pytest.mark.parametrize("method", ["create_new_trial", "set_trial_param", "set_trial_user_attr",
+                                    "set_trial_state_values", "get_trial", "get_all_trials"])
+def test_each_call_a_study_makes_is_retried(tmp_path, monkeypatch, method):
+    """Optuna takes the retrying storage as it is: ask, suggest, user attributes, tell and reading trials all
+    reach the database through its public methods, so a lock met in any of them is waited out."""
+    monkeypatch.setattr(urls, "STORAGE_RETRY_WAITS_S", (0.01,))
+    flaky = LockedOnce(optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'a.db'}"), method)
+    study = optuna.create_study(storage=urls.RetryingStorage(flaky), study_name="s")
+
+    def objective(trial):
+        trial.set_user_attr("state", "measured")
+        return trial.suggest_float("x", 0, 1)
+
+    study.optimize(objective, n_trials=1)
+    assert flaky.calls >= 2 and [t.state.name for t in study.trials] == ["COMPLETE"]
+    assert study.trials[0].user_attrs == {"state": "measured"}
