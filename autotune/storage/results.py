@@ -38,6 +38,7 @@ def summary(study: optuna.Study, storage_url: str) -> dict:
     """The result.json document."""
     identity = identity_of(study)
     recs = records(study)
+    trials = study.get_trials(deepcopy=False)  # read only: study.trials deep-copies every trial at each access
     best = best_records(study, k=1)
     base = baseline_record(study)
     doc = {
@@ -55,7 +56,7 @@ def summary(study: optuna.Study, storage_url: str) -> dict:
         "trials_failed_oom": sum(r.state == "oom" for r in recs),
         "trials_rejected_before_launch": sum(r.state == "rejected" for r in recs),
         "trials_inferred_oom": sum(r.state == "inferred_oom" for r in recs),
-        "probes_launched": sum(bool(study.trials[r.number].user_attrs.get("launched")) for r in recs),
+        "probes_launched": sum(bool(trials[r.number].user_attrs.get("launched")) for r in recs),
         "prescreen_margin": study.user_attrs.get("prescreen_margin"),
         "stopped_by": study.user_attrs.get("stopped_by"),
         "objective": identity.get("objective", "throughput"),
@@ -84,7 +85,7 @@ def summary(study: optuna.Study, storage_url: str) -> dict:
 
 
 def _trial_doc(study: optuna.Study, rec: TrialRecord) -> dict:
-    attrs = study.trials[rec.number].user_attrs
+    attrs = study.get_trials(deepcopy=False)[rec.number].user_attrs
     return {"trial": rec.number, "params": attrs.get("candidate", rec.params),
             "tokens_per_s_per_gpu": rec.tokens_per_s_per_gpu, "mfu": rec.mfu, "peak_mem_gib": rec.peak_mem_gib,
             "phase_s": rec.phase_s, "simulated": bool(attrs.get("simulated")),
@@ -111,7 +112,7 @@ def best_overrides(study: optuna.Study) -> list[str]:
     if not best:
         raise ConfigError(f"study {study.study_name!r} has no finished feasible trial to export yet")
     identity = identity_of(study)
-    attrs = study.trials[best[0].number].user_attrs
+    attrs = study.get_trials(deepcopy=False)[best[0].number].user_attrs
     candidate = Candidate.from_params(attrs["candidate"])
     overrides = verl_overrides(model_from_identity(identity), workload_of(identity, attrs), candidate,
                                gpus_per_node=identity["gpus_per_node"], nodes=identity["nodes"],
@@ -126,7 +127,7 @@ def export_best(study: optuna.Study, out_dir: Path) -> Path:
         raise ConfigError(f"study {study.study_name!r} has no finished feasible trial to export yet")
     identity = identity_of(study)
     rec = best[0]
-    attrs = study.trials[rec.number].user_attrs
+    attrs = study.get_trials(deepcopy=False)[rec.number].user_attrs
     model = model_from_identity(identity)
     candidate = Candidate.from_params(attrs["candidate"])
     workload = workload_of(identity, attrs)

@@ -70,10 +70,10 @@ class Composer:
     `compose()` ends with (hydra/_internal/config_loader_impl.py:336). Same result, ~30x faster."""
 
     def __init__(self) -> None:
-        self._bases: dict[tuple[str, ...], object] = {}
+        self._bases: dict[tuple[str, ...], bytes] = {}
 
     def __call__(self, overrides: list[str]):
-        import copy
+        import pickle
 
         from hydra._internal.config_loader_impl import ConfigLoaderImpl
         from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -82,8 +82,12 @@ class Composer:
 
         groups = tuple(o for o in overrides if o.split("=", 1)[0] == "model_engine")
         if groups not in self._bases:
-            self._bases[groups] = compose_overrides(list(groups))
-        cfg = copy.deepcopy(self._bases[groups])
+            # kept pickled: a fresh copy per call is pickle.loads, ~3x faster than deepcopy of a DictConfig (76 ms
+            # per candidate for verl's ppo_trainer); OmegaConf pickles a config with its flags
+            # (omegaconf/basecontainer.py:120-144), and benchmarks/verl_judge_speed.py compares the results with
+            # compose()'s
+            self._bases[groups] = pickle.dumps(compose_overrides(list(groups)))
+        cfg = pickle.loads(self._bases[groups])
         rest = [o for o in overrides if o not in groups]
         try:
             parsed = OverridesParser.create().parse_overrides(rest)

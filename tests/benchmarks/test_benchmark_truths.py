@@ -1,6 +1,5 @@
 """The search benchmark's truths keep the exact optimum exact, and the benchmark runs end to end (CI-sized)."""
 
-import itertools
 import sys
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from autotune.workload import Workload
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import search_efficiency as se  # noqa: E402
 from optimum import _values, exact_optimum  # noqa: E402
-from small_space import SMALL  # noqa: E402  (tests/benchmarks/small_space.py)
+from small_space import SMALL, each_point  # noqa: E402  (tests/benchmarks/small_space.py)
 from truths import TRUTH_BY_NAME, Machine  # noqa: E402
 
 TINY = se.Job("tiny-7b-x8", "qwen2.5-7b", 8, 1, Workload(), SMALL["ranges"])
@@ -27,12 +26,7 @@ def _space() -> SearchSpace:
 def _brute_force(machine: Machine, space: SearchSpace) -> float:
     best = 0.0
     names = list(space.domains)
-    for combo in itertools.product(*(_values(space, n) for n in names)):
-        values = dict(zip(names, combo))
-        partial = {"actor_engine": values["actor_engine"], "use_dynamic_bsz": values["use_dynamic_bsz"]}
-        active = set(space.active_knobs(partial, TINY.workload)) | {"actor_engine", "use_dynamic_bsz"}
-        if any(n not in active and values[n] != _values(space, n)[0] for n in names):
-            continue
+    for values, active in each_point(space, TINY.workload, _values):
         neutral = {n: getattr(Candidate(), n) for n in names if n not in active}
         if values["actor_engine"] != "megatron":
             neutral["cuda_device_max_connections"] = 0

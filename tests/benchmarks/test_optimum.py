@@ -1,6 +1,5 @@
 """The decomposed exhaustive optimum equals brute force on spaces small enough to enumerate point by point."""
 
-import itertools
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -18,7 +17,7 @@ from autotune.spaces.layout import ParallelLayout
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from optimum import _values, exact_optimum  # noqa: E402
-from small_space import SMALL  # noqa: E402
+from small_space import SMALL, each_point  # noqa: E402
 from autotune.spaces.space import SearchSpace
 from autotune.workload import Workload
 
@@ -26,12 +25,7 @@ from autotune.workload import Workload
 def brute_force(model, gpu, workload, space, gpus_per_node, nodes, constants=DEFAULT_CONSTANTS):
     best = None
     names = list(space.domains)
-    for combo in itertools.product(*(_values(space, n) for n in names)):
-        values = dict(zip(names, combo))
-        partial = {"actor_engine": values["actor_engine"], "use_dynamic_bsz": values["use_dynamic_bsz"]}
-        active = set(space.active_knobs(partial, workload)) | {"actor_engine", "use_dynamic_bsz"}
-        if any(n not in active and values[n] != _values(space, n)[0] for n in names):
-            continue  # the sampler never varies an inactive knob: count each point once
+    for values, active in each_point(space, workload, _values):  # each point once: inactive knobs never vary
         neutral = {n: getattr(Candidate(), n) for n in names if n not in active}
         if values["actor_engine"] != "megatron":
             neutral["cuda_device_max_connections"] = 0
