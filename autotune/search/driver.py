@@ -355,7 +355,7 @@ def _unless_taken_over(study: optuna.Study, trial: optuna.Trial, step: Callable[
     try:
         return step()
     except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
-        if not study.trials[trial.number].user_attrs.get("interrupted"):
+        if not study.get_trials(deepcopy=False)[trial.number].user_attrs.get("interrupted"):
             raise
         return None
 
@@ -378,8 +378,10 @@ def _end_trial(study: optuna.Study, trial: optuna.Trial, running: dict[int, tupl
     """The trial's outcome is stored (or another tuner's): stop its heartbeat and tell the caller."""
     _trial, beat = running.pop(trial.number)
     beat.stop()
-    if on_trial and "interrupted" not in study.trials[trial.number].user_attrs:
-        on_trial(study.trials[trial.number])
+    if on_trial:
+        frozen = study.get_trials(deepcopy=False)[trial.number]  # study.trials deep-copies every trial
+        if "interrupted" not in frozen.user_attrs:
+            on_trial(frozen)
 
 
 def _reporter(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial) -> Report:
