@@ -58,7 +58,6 @@ def print_best_table(study: optuna.Study, *, simulated: bool, k: int = 5) -> Non
     base = baseline_record(study)
     label = baseline_label(study)
     default = verl_default_record(study)
-    trials = study.get_trials(deepcopy=False)  # read only: study.trials deep-copies every trial at each access
     title = f"best trials of {study.study_name}" + (" (SIMULATED by the calibrated model)" if simulated else "")
     table = Table(title=title)
     for col in ("trial", "tokens/s/GPU", f"vs {label}", "actor MFU", "peak GiB", "configuration"):
@@ -73,7 +72,7 @@ def print_best_table(study: optuna.Study, *, simulated: bool, k: int = 5) -> Non
         name = f"{r.number}" + (f" ({label})" if r.baseline else "") + (
             " (verl default)" if default is not None and r.number == default.number else "")
         table.add_row(name, f"{r.tokens_per_s_per_gpu:.0f}", gain, "n/a" if r.mfu is None else f"{r.mfu:.3f}",
-                      f"{r.peak_mem_gib:.1f}", candidate_summary(trials[r.number].user_attrs.get("candidate", {})))
+                      f"{r.peak_mem_gib:.1f}", candidate_summary(r.user_attrs.get("candidate", {})))
     _console.print(table)
     if base is not None and not base.feasible_measurement:
         _console.print(f"trial {base.number} ({label}): {base.state}, {base.reason}", markup=False)
@@ -82,17 +81,14 @@ def print_best_table(study: optuna.Study, *, simulated: bool, k: int = 5) -> Non
 
 def print_trials(study: optuna.Study) -> None:
     recs = records(study)
-    # read only, and fetched after recs (another worker may add trials meanwhile): study.trials deep-copies every
-    # trial at each access
-    trials = study.get_trials(deepcopy=False)
-    table = Table(title=f"study {study.study_name}: {len(trials)} trials")
+    table = Table(title=f"study {study.study_name}: {len(recs)} trials")
     for col in ("trial", "state", "tokens/s/GPU", "MFU", "peak GiB", "reason / configuration"):
         table.add_column(col)
     best = best_records(study, k=1)
     best_number = best[0].number if best else None
     default = verl_default_record(study)
     for r in recs:
-        cand = trials[r.number].user_attrs.get("candidate", {})
+        cand = r.user_attrs.get("candidate", {})
         detail = candidate_summary(cand) if r.feasible_measurement else r.reason
         mark = (" *" if r.baseline else "") + (" d" if default is not None and r.number == default.number else "") \
             + (" BEST" if r.number == best_number else "")

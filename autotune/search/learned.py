@@ -439,9 +439,7 @@ def propose(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> bool:
         acq.novel_both = True
         # finished results only: another worker's trial shows its state before its score is written
         acq.incumbent = max((t.user_attrs["tokens_per_s_per_gpu"] for t in trials if is_result(t)), default=None)
-    best = best_records(study, k=3)
-    current = study.get_trials(deepcopy=False)  # read after the records it indexes: other workers add trials
-    starts = [Candidate.from_params(current[r.number].user_attrs["candidate"]) for r in best]
+    starts = [Candidate.from_params(r.user_attrs["candidate"]) for r in best_records(study, k=3)]
     ranked = rank_corrected(cfg, space, acq, starts=starts, pool=candidate_pool(study, cfg, space), seed=len(trials))
     if acq.tried_parts and not any(config_key(s.candidate.as_params(), kl) not in tried for s in ranked):
         acq.relax()

@@ -130,17 +130,18 @@ def _spread(ranked: list[Ranked], keep: int) -> list[Ranked]:
     (then one of the two new, then any distinct point). Polishing pulls the best samples to nearly one point;
     probes of near-twins teach the phase corrections (search/learned.py) little, one of each part a lot."""
     chosen: list[Ranked] = []
-    params = [r.candidate.as_params() for r in ranked]
+    layouts, rollouts = set(), set()
+    parts = [(layout_key(p), rollout_key(p)) for p in (r.candidate.as_params() for r in ranked)]
     for need in (2, 1, 0):
-        for r, p in zip(ranked, params):
+        for r, (layout, rollout) in zip(ranked, parts):
             if len(chosen) >= keep:
                 return chosen
             if any(r.candidate == c.candidate for c in chosen):
                 continue
-            new_parts = (all(layout_key(p) != layout_key(c.candidate.as_params()) for c in chosen)
-                         + all(rollout_key(p) != rollout_key(c.candidate.as_params()) for c in chosen))
-            if new_parts >= need:
+            if (layout not in layouts) + (rollout not in rollouts) >= need:
                 chosen.append(r)
+                layouts.add(layout)
+                rollouts.add(rollout)
     return chosen
 
 

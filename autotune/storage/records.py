@@ -10,7 +10,7 @@ constraints (reference/optuna-ray.md, section 0).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -32,6 +32,8 @@ class TrialRecord:
     baseline: bool
     phase_s: dict
     feasible: bool = True  # user attr `feasible` (False: a violated constraint, whatever the state says)
+    # every user attribute (the candidate, launched, simulated, ...): readers need not look the trial up again
+    user_attrs: dict = field(default_factory=dict, repr=False)
 
     @property
     def feasible_measurement(self) -> bool:
@@ -45,7 +47,7 @@ class TrialRecord:
         return cls(number=t.number, optuna_state=t.state.name, state=state, reason=ua.get("reason", ""),
                    params=dict(t.params), tokens_per_s_per_gpu=ua.get("tokens_per_s_per_gpu"), mfu=ua.get("mfu"),
                    peak_mem_gib=ua.get("peak_mem_gib"), baseline=bool(ua.get("baseline")),
-                   phase_s=ua.get("phase_s") or {}, feasible=ua.get("feasible") is not False)
+                   phase_s=ua.get("phase_s") or {}, feasible=ua.get("feasible") is not False, user_attrs=dict(ua))
 
 
 def set_constraints(trial: optuna.Trial, *, rules: float = 0.0, memory: float = 0.0) -> None:

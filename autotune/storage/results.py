@@ -38,7 +38,6 @@ def summary(study: optuna.Study, storage_url: str) -> dict:
     """The result.json document."""
     identity = identity_of(study)
     recs = records(study)
-    trials = study.get_trials(deepcopy=False)  # read only: study.trials deep-copies every trial at each access
     best = best_records(study, k=1)
     base = baseline_record(study)
     doc = {
@@ -56,15 +55,15 @@ def summary(study: optuna.Study, storage_url: str) -> dict:
         "trials_failed_oom": sum(r.state == "oom" for r in recs),
         "trials_rejected_before_launch": sum(r.state == "rejected" for r in recs),
         "trials_inferred_oom": sum(r.state == "inferred_oom" for r in recs),
-        "probes_launched": sum(bool(trials[r.number].user_attrs.get("launched")) for r in recs),
+        "probes_launched": sum(bool(r.user_attrs.get("launched")) for r in recs),
         "prescreen_margin": study.user_attrs.get("prescreen_margin"),
         "stopped_by": study.user_attrs.get("stopped_by"),
         "objective": identity.get("objective", "throughput"),
         "trials_pruned": sum(r.optuna_state == "PRUNED" for r in recs),
         "trials_failed": sum(r.optuna_state == "FAIL" for r in recs),
         "workload": identity["workload"],
-        "best": _trial_doc(study, best[0]) if best else None,
-        "baseline": _trial_doc(study, base) if base and base.feasible_measurement else None,
+        "best": _trial_doc(best[0]) if best else None,
+        "baseline": _trial_doc(base) if base and base.feasible_measurement else None,
         "baseline_is": baseline_label(study),  # "your job" (--from) or "verl default"
         "model_path": model_from_identity(identity).model_path,
     }
@@ -72,10 +71,10 @@ def summary(study: optuna.Study, storage_url: str) -> dict:
         doc["baseline_outcome"] = {"trial": base.number, "state": base.state, "reason": base.reason}
     default = verl_default_record(study)
     if default is not None:
-        doc["verl_default"] = (_trial_doc(study, default) if default.feasible_measurement
+        doc["verl_default"] = (_trial_doc(default) if default.feasible_measurement
                                else {"trial": default.number, "state": default.state, "reason": default.reason})
     if len(study.directions) == 2:
-        doc["pareto_front"] = [_trial_doc(study, r) for r in pareto_front(study)]
+        doc["pareto_front"] = [_trial_doc(r) for r in pareto_front(study)]
         doc["memory_margin_gib"] = study.user_attrs.get("memory_margin_gib", 0.0)
     if doc["best"] and doc["baseline"]:
         doc["speedup_vs_baseline"] = doc["best"]["tokens_per_s_per_gpu"] / doc["baseline"]["tokens_per_s_per_gpu"]
@@ -84,8 +83,8 @@ def summary(study: optuna.Study, storage_url: str) -> dict:
     return doc
 
 
-def _trial_doc(study: optuna.Study, rec: TrialRecord) -> dict:
-    attrs = study.get_trials(deepcopy=False)[rec.number].user_attrs
+def _trial_doc(rec: TrialRecord) -> dict:
+    attrs = rec.user_attrs
     return {"trial": rec.number, "params": attrs.get("candidate", rec.params),
             "tokens_per_s_per_gpu": rec.tokens_per_s_per_gpu, "mfu": rec.mfu, "peak_mem_gib": rec.peak_mem_gib,
             "phase_s": rec.phase_s, "simulated": bool(attrs.get("simulated")),
@@ -112,7 +111,7 @@ def best_overrides(study: optuna.Study) -> list[str]:
     if not best:
         raise ConfigError(f"study {study.study_name!r} has no finished feasible trial to export yet")
     identity = identity_of(study)
-    attrs = study.get_trials(deepcopy=False)[best[0].number].user_attrs
+    attrs = best[0].user_attrs
     candidate = Candidate.from_params(attrs["candidate"])
     overrides = verl_overrides(model_from_identity(identity), workload_of(identity, attrs), candidate,
                                gpus_per_node=identity["gpus_per_node"], nodes=identity["nodes"],
@@ -127,7 +126,7 @@ def export_best(study: optuna.Study, out_dir: Path) -> Path:
         raise ConfigError(f"study {study.study_name!r} has no finished feasible trial to export yet")
     identity = identity_of(study)
     rec = best[0]
-    attrs = study.get_trials(deepcopy=False)[rec.number].user_attrs
+    attrs = rec.user_attrs
     model = model_from_identity(identity)
     candidate = Candidate.from_params(attrs["candidate"])
     workload = workload_of(identity, attrs)
