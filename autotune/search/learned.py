@@ -87,8 +87,9 @@ _DEFAULT_LEVELS = (((), _ALL), (LAYOUT, 0.15), (ROLLOUT, 0.15))
 NOISE_REL = 0.05  # run-to-run spread of a phase's median time (the sim plays 3% per step)
 # two improve picks per exploit pick; one slot in twelve is left to TPE (the first after the warm start and 11
 # proposals), so a truth the kernel cannot express still gets other probes without spending the early ones
-CYCLE = ("improve", "improve", "exploit", "improve", "improve", "exploit", "improve", "improve", "exploit",
+CYCLE = ("improve", "improve", "exploit", "improve", "improve", "refine", "improve", "improve", "exploit",
          "improve", "improve", "sampler")
+REFINE_MIN_GAIN = 0.005  # a refine pick's expected improvement, as a share of the incumbent; else it exploits
 CYCLE_ATTR = "learned_cycle"
 
 
@@ -261,10 +262,15 @@ class Acquisition:
         self.cfg, self.model, self.gate, self.incumbent = cfg, model, gate, incumbent
         self.ooms = measured_outcomes(study)[0] if study is not None else []
         self._memo: dict = {}
-        # (probed layouts, probed rollout settings): an "improve" pick tries an untried layout with an untried
-        # rollout setting while the model has such candidates, and at least one of the two after that
-        self.tried_parts: tuple[set, set, set] | None = None  # and the probed (layout, rollout setting) pairs
-        self.novel_both: bool | None = True
+        self._part_memo: dict = {}
+        # (probed layouts, probed rollout settings, probed pairs of the two): an improve pick tries an untried
+        # layout or rollout setting, an exploit pick an untried pairing; None: any untried configuration
+        self.tried_parts: tuple[set, set, set] | None = None
+        self.exploit = False
+        self.refine: tuple | None = None  # a refine pick: the incumbent's (layout, rollout setting)
+        # the best measured configuration's canonical params: an improve pick is scored by what each of its
+        # untried parts would give paired with the incumbent's other part
+        self.incumbent_params: dict | None = None
 
     def __call__(self, cand: Candidate, workload: Workload) -> Scored | None:
         params = canonical_params(cand.as_params(), separate_reference(workload))
@@ -272,37 +278,64 @@ class Acquisition:
         key = (canon, repr(workload))
         if key in self._memo:
             return self._memo[key]
-        base = base_prediction(self.cfg, canon, workload)
         out = None
-        if self._novel(params) and base.feasible and self.gate.admits(base.memory_ratio) and not self._inferred_oom(params):
-            per = base.tokens_per_step / base.world
-            if self.incumbent:
-                mu, var = self.model.log_time(params, base)
-                out = Scored(expected_improvement(math.log(per) - mu, var, self.incumbent), per / math.exp(mu),
-                             cand, workload)
-            else:
-                median = per / self.model.step_s(params, base)
-                out = Scored(median, median, cand, workload)
+        new_parts = self._new_parts(params)
+        if new_parts:
+            ei_median = self._ei_and_median(params, workload)
+            if ei_median is not None:
+                ei, median = ei_median
+                if self.incumbent and self.incumbent_params is not None and new_parts != ("any",):
+                    ei = sum(self._part_ei(part, params, workload) for part in new_parts)
+                out = Scored(ei if self.incumbent else median, median, cand, workload)
         self._memo[key] = out
         return out
 
-    def relax(self) -> None:
-        """Nothing untried passed: an improve pick takes an untried layout or rollout setting, an exploit pick
-        any untried configuration."""
-        if self.novel_both:
-            self.novel_both = False
+    def _ei_and_median(self, params: dict, workload: Workload) -> tuple[float, float] | None:
+        """(expected improvement over the incumbent, median tokens/s/GPU) of a candidate the gates admit."""
+        base = base_prediction(self.cfg, Candidate(**params), workload)
+        if not (base.feasible and self.gate.admits(base.memory_ratio)) or self._inferred_oom(params):
+            return None
+        per = base.tokens_per_step / base.world
+        if not self.incumbent:
+            return 0.0, per / self.model.step_s(params, base)
+        mu, var = self.model.log_time(params, base)
+        return expected_improvement(math.log(per) - mu, var, self.incumbent), per / math.exp(mu)
+
+    def _part_ei(self, part: str, params: dict, workload: Workload) -> float:
+        """What probing this untried part can teach: the expected improvement of the configuration that pairs it
+        with the incumbent's other part (the step's phases split by part: generation depends on the rollout
+        knobs alone, the training phases on the rest). Scoring the pair as one configuration instead made a
+        promising layout wait until an untried rollout setting good enough to carry it turned up, and late
+        picks paired untried layouts with the worst rollout settings."""
+        inc = self.incumbent_params
+        if part == "layout":
+            hybrid = {**params, **{k: inc[k] for k in ROLLOUT}}
         else:
-            self.tried_parts = None
+            hybrid = {**inc, **{k: params[k] for k in ROLLOUT}}
+        hybrid = canonical_params(hybrid, separate_reference(workload))
+        key = (tuple(sorted(hybrid.items())), repr(workload))
+        if key not in self._part_memo:
+            ei_median = self._ei_and_median(hybrid, workload)
+            self._part_memo[key] = ei_median[0] if ei_median is not None else 0.0
+        return self._part_memo[key]
+
+    def relax(self) -> None:
+        """Nothing untried passed: any untried configuration competes, by its own expected improvement."""
+        self.tried_parts = None
         self._memo.clear()
 
-    def _novel(self, params: Mapping) -> bool:
-        if self.tried_parts is None:
-            return True
+    def _new_parts(self, params: Mapping) -> tuple:
+        """What this candidate would probe for the first time: ("layout", "rollout"), one of them, or nothing;
+        ("any",) once every restriction is relaxed."""
         layout, rollout = layout_key(params), rollout_key(params)
-        if self.novel_both is None:  # an exploit pick: an untried pairing of a layout with a rollout setting
-            return (layout, rollout) not in self.tried_parts[2]
-        new_layout, new_rollout = layout not in self.tried_parts[0], rollout not in self.tried_parts[1]
-        return (new_layout and new_rollout) if self.novel_both else (new_layout or new_rollout)
+        if self.refine is not None:  # the incumbent's own layout and rollout setting
+            return ("any",) if (layout, rollout) == self.refine else ()
+        if self.tried_parts is None:
+            return ("any",)
+        if self.exploit:  # an untried pairing of a layout with a rollout setting
+            return ("any",) if (layout, rollout) not in self.tried_parts[2] else ()
+        return tuple(part for part, new in (("layout", layout not in self.tried_parts[0]),
+                                            ("rollout", rollout not in self.tried_parts[1])) if new)
 
     def _inferred_oom(self, params: Mapping) -> bool:
         """The OOM boundaries (search/prescreen.py): a point dominating a measured OOM is not proposed."""
@@ -413,8 +446,28 @@ def rank_corrected(cfg: TuneConfig, space: SearchSpace, acq: Acquisition, *, sta
     return sorted(polished + scored[:10], key=lambda s: s.score, reverse=True)
 
 
+def refine_ranked(space: SearchSpace, acq: Acquisition, start: Candidate, workload: Workload) -> list[Scored]:
+    """Configurations of `start`'s actor layout and rollout setting within two knob changes of it (micro-batches,
+    token budgets, savers, memory shares: a pair such as checkpointing off with half the micro-batch is one
+    move, which coordinate descent cannot make through an infeasible middle point), by the acquisition."""
+    scored: dict = {}
+    frontier = [start]
+    for _ in range(2):
+        grown = []
+        for cand in frontier:
+            for near in neighbours(space, cand, workload):
+                if near in scored:
+                    continue
+                scored[near] = acq(near, workload)
+                if (layout_key(near.as_params()), rollout_key(near.as_params())) == acq.refine:
+                    grown.append(near)
+        frontier = grown
+    return sorted((s for s in scored.values() if s is not None), key=lambda s: s.score, reverse=True)
+
+
 def propose(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> bool:
-    """Enqueue the corrected model's next pick (improve or exploit by the cycle); False leaves the slot to TPE."""
+    """Enqueue the corrected model's next pick (improve, exploit or refine by the cycle); False leaves the slot
+    to TPE."""
     trials = study.get_trials(deepcopy=False)
     if any(t.state == TrialState.WAITING for t in trials):
         return False
@@ -434,21 +487,39 @@ def propose(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> bool:
               if t.user_attrs.get("state") in ("measured", "simulated") and "candidate" in t.user_attrs]
     acq.tried_parts = ({layout_key(p) for p in probed}, {rollout_key(p) for p in probed},
                        {(layout_key(p), rollout_key(p)) for p in probed})
-    acq.novel_both = None
-    if kind == "improve":
-        acq.novel_both = True
-        # finished results only: another worker's trial shows its state before its score is written
-        acq.incumbent = max((t.user_attrs["tokens_per_s_per_gpu"] for t in trials if is_result(t)), default=None)
-    starts = [Candidate.from_params(r.user_attrs["candidate"]) for r in best_records(study, k=3)]
-    ranked = rank_corrected(cfg, space, acq, starts=starts, pool=candidate_pool(study, cfg, space), seed=len(trials))
-    if acq.tried_parts and not any(config_key(s.candidate.as_params(), kl) not in tried for s in ranked):
-        acq.relax()
+    # finished results only: another worker's trial shows its state before its score is written
+    best = max((t for t in trials if is_result(t) and "candidate" in t.user_attrs),
+               key=lambda t: t.user_attrs["tokens_per_s_per_gpu"], default=None)
+
+    def untried(s: Scored) -> bool:
+        return config_key(s.candidate.as_params(), kl, {k: getattr(s.workload, k) for k in cfg.tune_workload}
+                          if cfg.tune_workload else None) not in tried
+
+    ranked: list[Scored] = []
+    if kind == "refine" and best is not None:
+        start = Candidate(**canonical_params(best.user_attrs["candidate"], kl))
+        workload = _workload(cfg, best.user_attrs)
+        acq.refine = (layout_key(start.as_params()), rollout_key(start.as_params()))
+        acq.incumbent = best.user_attrs["tokens_per_s_per_gpu"]
+        ranked = [s for s in refine_ranked(space, acq, start, workload)
+                  if s.score > acq.incumbent * REFINE_MIN_GAIN and untried(s)]
+        acq.refine = acq.incumbent = None
+        acq._memo.clear()
+    if not ranked:
+        kind = "exploit" if kind == "refine" else kind
+        acq.exploit = kind == "exploit"
+        if kind == "improve" and best is not None:
+            acq.incumbent = best.user_attrs["tokens_per_s_per_gpu"]
+            acq.incumbent_params = canonical_params(best.user_attrs["candidate"], kl)
+        starts = [Candidate.from_params(r.user_attrs["candidate"]) for r in best_records(study, k=3)]
         ranked = rank_corrected(cfg, space, acq, starts=starts, pool=candidate_pool(study, cfg, space),
                                 seed=len(trials))
+        if not any(untried(s) for s in ranked):
+            acq.relax()
+            ranked = rank_corrected(cfg, space, acq, starts=starts, pool=candidate_pool(study, cfg, space),
+                                    seed=len(trials))
     for s in ranked:
-        key = config_key(s.candidate.as_params(), kl,
-                         {k: getattr(s.workload, k) for k in cfg.tune_workload} if cfg.tune_workload else None)
-        if key in tried:
+        if not untried(s):
             continue
         study.enqueue_trial(space.params_of(s.candidate, s.workload),
                             user_attrs={"model_proposal": kind,

@@ -128,27 +128,89 @@ def test_log_time_matches_the_first_two_moments_of_the_summed_phases(tmp_path):
     assert math.expm1(var) * math.exp(2 * mean + var) == pytest.approx(total.var(), rel=0.05)
 
 
-def test_improve_picks_pair_an_untried_layout_with_an_untried_rollout_setting(tmp_path):
-    """While such candidates exist, every improve pick is new in both parts; exploit picks pair parts anew."""
-    cfg = _cfg(tmp_path, trials=12, search=SearchOptions(warm_start=2))
+def test_each_pick_kind_probes_what_it_is_for(tmp_path):
+    """Improve picks probe an untried layout or rollout setting, exploit picks an untried pairing of the two,
+    refine picks the best measured configuration's own pairing with other micro-batching or savers."""
+    cfg = _cfg(tmp_path, trials=16, search=SearchOptions(warm_start=2))
     study = run_study(cfg, get_runner("sim"))
     layout_of = operator.itemgetter(*LAYOUT)
     rollout_of = operator.itemgetter("rollout_tp", "max_num_seqs", "enable_chunked_prefill")
-    layouts, rollouts, pairs, improve, exploit = set(), set(), set(), 0, 0
+    layouts, rollouts, pairs, kinds = set(), set(), set(), []
+    best, best_pair = 0.0, None
     for t in study.trials:
         if t.user_attrs.get("state") not in ("measured", "simulated"):
             continue
         p = canonical_params(t.user_attrs["candidate"], True)
-        if t.user_attrs.get("model_proposal") == "improve":
-            improve += 1
-            assert layout_of(p) not in layouts and rollout_of(p) not in rollouts, t.number
-        elif t.user_attrs.get("model_proposal") == "exploit":
-            exploit += 1
+        kind = t.user_attrs.get("model_proposal")
+        kinds.append(kind)
+        if kind == "improve":
+            assert layout_of(p) not in layouts or rollout_of(p) not in rollouts, t.number
+        elif kind == "exploit":
             assert (layout_of(p), rollout_of(p)) not in pairs, t.number
+        elif kind == "refine":
+            assert (layout_of(p), rollout_of(p)) == best_pair, t.number
         layouts.add(layout_of(p))
         rollouts.add(rollout_of(p))
         pairs.add((layout_of(p), rollout_of(p)))
-    assert improve >= 4 and exploit >= 2
+        if t.user_attrs.get("tokens_per_s_per_gpu", 0) > best:
+            best, best_pair = t.user_attrs["tokens_per_s_per_gpu"], (layout_of(p), rollout_of(p))
+    assert kinds.count("improve") >= 6 and kinds.count("exploit") >= 1 and kinds.count("refine") == 1
+
+
+def test_an_untried_layout_is_scored_by_what_it_gives_with_the_best_rollout_setting(tmp_path):
+    """The improve score of an untried layout does not depend on the untried rollout setting it is paired with:
+    a layout is not made to wait for a good untried rollout setting (issue 19's 7B machine 1: the best layout
+    was probed last, paired with max_num_seqs 64)."""
+    from autotune.search import learned
+    from autotune.search.driver import start_study
+    from autotune.search.equivalence import layout_key, rollout_key
+    from autotune.search.prescreen import MemoryGate
+
+    cfg = _cfg(tmp_path, trials=4, search=SearchOptions(warm_start=2, learn=False))
+    run_study(cfg, get_runner("sim"))
+    _, study = start_study(cfg)
+    model = CorrectedModel.from_study(study, cfg)
+    results = [t for t in study.trials if t.user_attrs.get("tokens_per_s_per_gpu")]
+    best = max(results, key=lambda t: t.user_attrs["tokens_per_s_per_gpu"])
+    probed = [canonical_params(t.user_attrs["candidate"], True) for t in results]
+    acq = learned.Acquisition(cfg, model, MemoryGate.of(study), study,
+                              incumbent=best.user_attrs["tokens_per_s_per_gpu"])
+    acq.tried_parts = ({layout_key(p) for p in probed}, {rollout_key(p) for p in probed}, set())
+    acq.incumbent_params = canonical_params(best.user_attrs["candidate"], True)
+    layout = dict(actor_engine="megatron", actor_tp=2, actor_pp=2, use_dynamic_bsz=True)
+    assert (2, 2) not in {(p["actor_tp"], p["actor_pp"]) for p in probed if p["actor_engine"] == "megatron"}
+    rollout = {k: acq.incumbent_params[k] for k in learned.ROLLOUT}
+    good = acq(Candidate(**layout, **rollout), cfg.workload)  # the incumbent's (tried) rollout setting
+    poor = acq(Candidate(**layout, **dict(rollout, max_num_seqs=64)), cfg.workload)  # an untried, slow one
+    assert good is not None and poor is not None and good.score > 0
+    assert poor.median_tokens_per_s_per_gpu < good.median_tokens_per_s_per_gpu
+    assert poor.score >= good.score  # the same layout, plus whatever the untried rollout setting may teach
+    tried_pair = acq(Candidate(**acq.incumbent_params), cfg.workload)
+    assert tried_pair is None  # nothing untried in it
+
+
+def test_refine_moves_two_knobs_at_once_within_the_pairing(tmp_path):
+    """Checkpointing off with a smaller micro-batch is one move: coordinate descent would need the infeasible
+    middle point (checkpointing off at the full micro-batch)."""
+    from autotune.search import learned
+    from autotune.search.equivalence import layout_key, rollout_key
+    from autotune.search.prescreen import MemoryGate
+    from autotune.search.driver import build_space
+
+    cfg = _cfg(tmp_path)
+    space = build_space(cfg)
+    model = CorrectedModel(cfg, [])
+    acq = learned.Acquisition(cfg, model, MemoryGate(), None)
+    start = Candidate(actor_engine="fsdp2", ulysses_sp=2, use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=64,
+                      gradient_checkpointing=True)
+    acq.refine = (layout_key(start.as_params()), rollout_key(start.as_params()))
+    ranked = learned.refine_ranked(space, acq, start, cfg.workload)
+    assert ranked and all((layout_key(s.candidate.as_params()), rollout_key(s.candidate.as_params())) == acq.refine
+                          for s in ranked)
+    off = {s.candidate.ppo_micro_batch_size_per_gpu for s in ranked if not s.candidate.gradient_checkpointing
+           and s.candidate.with_(ppo_micro_batch_size_per_gpu=64, gradient_checkpointing=True) == start}
+    assert 64 not in off, "checkpointing off at micro-batch 64 does not fit this GPU"
+    assert 16 in off, "checkpointing off with a quarter of the micro-batch is reached in one step"
 
 
 def test_an_improve_pick_ignores_a_trial_whose_score_another_worker_has_not_written_yet(tmp_path):
