@@ -265,15 +265,12 @@ class Acquisition:
         self.cfg, self.model, self.gate, self.incumbent = cfg, model, gate, incumbent
         self.ooms = measured_outcomes(study)[0] if study is not None else []
         self._memo: dict = {}
-        self._part_memo: dict = {}
-        # (probed layouts, probed rollout settings, probed pairs of the two): an improve pick tries an untried
-        # layout or rollout setting, an exploit pick an untried pairing; None: any untried configuration
+        # (probed layouts, probed rollout settings, probed pairs of the two); None: any untried configuration
         self.tried_parts: tuple[set, set, set] | None = None
-        self.exploit = False
+        # "both": an untried layout with an untried rollout setting (an improve pick while the model has such
+        # candidates), "either": at least one of the two, "pairing": an untried pairing (an exploit pick)
+        self.novelty = "both"
         self.refine: tuple | None = None  # a refine pick: the incumbent's (layout, rollout setting)
-        # the best measured configuration's canonical params: an improve pick is scored by what each of its
-        # untried parts would give paired with the incumbent's other part
-        self.incumbent_params: dict | None = None
 
     def __call__(self, cand: Candidate, workload: Workload) -> Scored | None:
         params = canonical_params(cand.as_params(), separate_reference(workload))
@@ -281,76 +278,48 @@ class Acquisition:
         key = (canon, repr(workload))
         if key in self._memo:
             return self._memo[key]
+        base = base_prediction(self.cfg, canon, workload)
         out = None
-        new_parts = self._new_parts(params)
-        if new_parts:
-            ei_median = self._ei_and_median(params, workload)
-            if ei_median is not None:
-                ei, median = ei_median
-                if self.incumbent and self.incumbent_params is not None and new_parts != ("any",):
-                    ei = sum(self._part_ei(part, params, workload) for part in new_parts)
-                out = Scored(ei if self.incumbent else median, median, cand, workload)
+        if self._novel(params) and base.feasible and self.gate.admits(base.memory_ratio) and not self._inferred_oom(params):
+            per = base.tokens_per_step / base.world
+            if self.incumbent:
+                mu, var = self.model.log_time(params, base)
+                out = Scored(expected_improvement(math.log(per) - mu, var, self.incumbent), per / math.exp(mu),
+                             cand, workload)
+            else:
+                median = per / self.model.step_s(params, base)
+                out = Scored(median, median, cand, workload)
         self._memo[key] = out
         return out
 
-    def _ei_and_median(self, params: dict, workload: Workload) -> tuple[float, float] | None:
-        """(expected improvement over the incumbent, median tokens/s/GPU) of a candidate the gates admit."""
-        base = base_prediction(self.cfg, Candidate(**params), workload)
-        if not (base.feasible and self.gate.admits(base.memory_ratio)) or self._inferred_oom(params):
-            return None
-        per = base.tokens_per_step / base.world
-        if not self.incumbent:
-            return 0.0, per / self.model.step_s(params, base)
-        mu, var = self.model.log_time(params, base)
-        return expected_improvement(math.log(per) - mu, var, self.incumbent), per / math.exp(mu)
-
-    def _part_ei(self, part: str, params: dict, workload: Workload) -> float:
-        """What probing this untried part can teach: the expected improvement of the configuration that pairs it
-        with the incumbent's other part (the step's phases split by part: generation depends on the rollout
-        knobs alone, the training phases on the rest). Scoring the pair as one configuration instead made a
-        promising layout wait until an untried rollout setting good enough to carry it turned up, and late
-        picks paired untried layouts with the worst rollout settings."""
-        inc = self.incumbent_params
-        if part == "layout":
-            hybrid = {**params, **{k: inc[k] for k in ROLLOUT}}
-        else:
-            hybrid = {**inc, **{k: params[k] for k in ROLLOUT}}
-        hybrid = canonical_params(hybrid, separate_reference(workload))
-        key = (tuple(sorted(hybrid.items())), repr(workload))
-        if key not in self._part_memo:
-            ei_median = self._ei_and_median(hybrid, workload)
-            self._part_memo[key] = ei_median[0] if ei_median is not None else 0.0
-        return self._part_memo[key]
-
     def relax(self) -> None:
-        """Nothing untried passed: any untried configuration competes, by its own expected improvement."""
-        self.tried_parts = None
+        """Nothing untried passed: an improve pick takes an untried layout or rollout setting, then (as an exploit
+        pick) any untried configuration."""
+        if self.novelty == "both":
+            self.novelty = "either"
+        else:
+            self.tried_parts = None
         self.forget()
 
     def forget(self) -> None:
         """Drop the memoised scores (after the scoring rule changed)."""
         self._memo.clear()
-        self._part_memo.clear()
 
-    def _new_parts(self, params: Mapping) -> tuple:
-        """What this candidate would probe for the first time: ("layout", "rollout"), one of them, or nothing;
-        ("any",) once every restriction is relaxed."""
+    def _novel(self, params: Mapping) -> bool:
         layout, rollout = layout_key(params), rollout_key(params)
-        if self.refine is not None:  # the incumbent's own layout and rollout setting
-            return ("any",) if (layout, rollout) == self.refine else ()
+        if self.refine is not None:
+            return (layout, rollout) == self.refine
         if self.tried_parts is None:
-            return ("any",)
-        if self.exploit:  # an untried pairing of a layout with a rollout setting
-            return ("any",) if (layout, rollout) not in self.tried_parts[2] else ()
-        return tuple(part for part, new in (("layout", layout not in self.tried_parts[0]),
-                                            ("rollout", rollout not in self.tried_parts[1])) if new)
+            return True
+        if self.novelty == "pairing":
+            return (layout, rollout) not in self.tried_parts[2]
+        new_layout, new_rollout = layout not in self.tried_parts[0], rollout not in self.tried_parts[1]
+        return (new_layout and new_rollout) if self.novelty == "both" else (new_layout or new_rollout)
 
     def _inferred_oom(self, params: Mapping) -> bool:
         """The OOM boundaries (search/prescreen.py): a point dominating a measured OOM is not proposed."""
         return any(dominates_oom(params, t.user_attrs["candidate"], t.user_attrs.get("oom_kind", "cuda_oom"))
                    for t in self.ooms)
-
-
 
 
 def expected_improvement(mean: float, var: float, best: float) -> float:
@@ -526,10 +495,10 @@ def propose(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> bool:
         ranked = _refine(cfg, space, best, acq, untried)
     if not ranked:
         kind = "exploit" if kind == "refine" else kind
-        acq.exploit = kind == "exploit"
-        if kind == "improve" and best is not None:
+        if kind == "exploit":
+            acq.novelty = "pairing"
+        elif best is not None:
             acq.incumbent = best.user_attrs["tokens_per_s_per_gpu"]
-            acq.incumbent_params = canonical_params(best.user_attrs["candidate"], kl)
         starts = [Candidate.from_params(r.user_attrs["candidate"]) for r in best_records(study, k=3)]
         ranked = rank_corrected(cfg, space, acq, starts=starts, pool=candidate_pool(study, cfg, space),
                                 seed=len(trials))
