@@ -9,16 +9,16 @@ with it, and most for those that share the finest groups; a candidate that share
 uncertainty. This is GP regression with a sum of categorical (Hamming-type) kernels, as BoTorch's mixed
 kernels use for categorical inputs, kept to numpy and a few dozen observations.
 
-The corrected model picks the next probe three ways. *Improve*: a candidate that probes an untried actor
-layout or an untried rollout setting, scored by what each untried part would give paired with the best
-measured configuration's other part (the expected improvement of its throughput over the best measured one,
-the step time log-normal: each phase's posterior, summed by moment matching), so a promising layout is
-probed as soon as its own expected improvement ranks it, whatever rollout setting it is paired with, and a
-probe that tries both parts teaches both. *Exploit*: the posterior median throughput among pairings of a
-layout and a rollout setting not probed together, which harvests what the improve picks learned (the best
-layout with the best rollout setting, each measured in another probe). *Refine*: the best measured
-configuration's own layout and rollout setting with other micro-batching, token budgets, savers or memory
-shares (up to two knobs changed at once), by expected improvement: neither other kind ever tries those alone.
+The corrected model picks the next probe three ways. *Improve*: the expected improvement of its throughput over
+the best measured one, the step time log-normal (each phase's posterior, summed by moment matching); only
+candidates that pair an untried actor layout with an untried rollout setting compete while the model has
+such candidates (then those with either untried), so each probe teaches both parts of the step, and a
+re-probe of a near-identical configuration never wins on noise-sized uncertainty. *Exploit*: the posterior
+median throughput among pairings of a layout and a rollout setting not probed together, which harvests what
+the improve picks learned (the best layout with the best rollout setting, each measured in another probe).
+*Refine*: the best measured configuration's own layout and rollout setting with up to two of its other knobs
+changed (micro-batching, token budgets, savers, memory shares), by expected improvement: neither other kind
+ever tries those alone.
 Constraint handling is unchanged: candidates go through verl's rules, the memory gate and the OOM boundaries
 before they are proposed, and the driver checks them again.
 """
