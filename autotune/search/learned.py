@@ -30,12 +30,12 @@ import operator
 import random
 import statistics
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import TuneConfig
 from autotune.model.calibration import DEFAULT_CONSTANTS
@@ -442,7 +442,8 @@ def refine_ranked(space: SearchSpace, acq: Acquisition, start: Candidate, worklo
     return sorted((s for s in scored.values() if s is not None), key=lambda s: s.score, reverse=True)
 
 
-def _refine(cfg: TuneConfig, space: SearchSpace, best, acq: Acquisition, untried) -> list[Scored]:
+def _refine(cfg: TuneConfig, space: SearchSpace, best: FrozenTrial, acq: Acquisition,
+            untried: Callable[[Scored], bool]) -> list[Scored]:
     """Refine picks for the best measured trial `best`, by expected improvement over it, best first; none when
     none is expected to gain REFINE_MIN_GAIN. Expected improvement, not the posterior median: the fine groups of
     the kernel hold most of the incumbent's own noise, so every neighbour's median looks worse by that much
