@@ -278,9 +278,12 @@ class Acquisition:
         key = (canon, repr(workload))
         if key in self._memo:
             return self._memo[key]
+        if not self._novel(params):  # cheap, and rules out most points of a refine or a late improve pick
+            self._memo[key] = None
+            return None
         base = base_prediction(self.cfg, canon, workload)
         out = None
-        if self._novel(params) and base.feasible and self.gate.admits(base.memory_ratio) and not self._inferred_oom(params):
+        if base.feasible and self.gate.admits(base.memory_ratio) and not self._inferred_oom(params):
             per = base.tokens_per_step / base.world
             if self.incumbent:
                 mu, var = self.model.log_time(params, base)
@@ -436,7 +439,8 @@ def refine_ranked(space: SearchSpace, acq: Acquisition, start: Candidate, worklo
                 if near in scored:
                     continue
                 scored[near] = acq(near, workload)
-                if (layout_key(near.as_params()), rollout_key(near.as_params())) == acq.refine:
+                params = near.as_params()
+                if (layout_key(params), rollout_key(params)) == acq.refine:
                     grown.append(near)
         frontier = grown
     return sorted((s for s in scored.values() if s is not None), key=lambda s: s.score, reverse=True)
