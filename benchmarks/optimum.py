@@ -26,6 +26,7 @@ from autotune.models import ModelSpec
 from autotune.model.calibration import DEFAULT_CONSTANTS, ModelConstants
 from autotune.model.cost import estimate_step_time
 from autotune.model.memory import estimate_memory
+from autotune.search.equivalence import layout_key, rollout_key
 from autotune.spaces.candidate import Candidate
 from autotune.verl.rules import check
 from autotune.spaces.layout import ParallelLayout
@@ -94,14 +95,26 @@ def exact_optimum(model: ModelSpec, gpu: GpuSpec, workload: Workload, space: Sea
     on the rollout knobs only, each training phase's time and memory on the layout-and-flags point and its
     own micro-batch knobs."""
     ev = evaluator or _Evaluator(model, gpu, workload, gpus_per_node, nodes, constants)
+    per_part = best_per_part(space, workload, ev)
+    if not per_part:
+        return None
+    points = sum(p for _, _, p in per_part.values())
+    _, cand, _ = min(per_part.values(), key=lambda v: v[0])
+    _, _, step = ev(cand)
+    return Optimum(tokens_per_s_per_gpu=step.tokens_per_s_per_gpu, candidate=cand, points=points)
+
+
+def best_per_part(space: SearchSpace, workload: Workload, ev) -> dict:
+    """(actor layout key, rollout setting key) (search/equivalence.LAYOUT, ROLLOUT_SETTING) -> (timed seconds,
+    the pair's fastest feasible point, points covered): the exact optimum restricted to each pairing, by the
+    decomposition above (issue 19's bound on a search that follows the model: benchmarks/layout_rank.py)."""
     rollout_names = [n for n in ROLLOUT_KNOBS if n in space.domains]
     gen_table = _rollout_table(space, rollout_names, ev)
     if not gen_table:
-        return None
+        return {}
     layout_names = [n for n in space.domains if n not in ROLLOUT_KNOBS and n not in PART_KNOBS]
     filler_rollout = {n: _values(space, n)[0] for n in rollout_names}
-    best: tuple[float, Candidate] | None = None
-    points = 0
+    best: dict = {}
     for layout_values in _product(space, layout_names):
         lv = _normalise(layout_values, space, workload)
         if lv is None:
@@ -110,48 +123,61 @@ def exact_optimum(model: ModelSpec, gpu: GpuSpec, workload: Workload, space: Sea
         if parts is None:
             continue
         train_s, part_values = parts
-        for rtp, (utils, best_gen) in gen_table.items():
+        lkey = layout_key(Candidate(**lv).as_params())
+        for rtp, settings in gen_table.items():
+            lowest_util = min(utils[0][0] for utils, _ in settings.values())
             probe = Candidate(**{**lv, **part_values, **filler_rollout, "rollout_tp": rtp,
-                                 "gpu_memory_utilization": utils[0][0]})
+                                 "gpu_memory_utilization": lowest_util})
             _, mem, step = ev(probe)
             # rollout-phase memory is what the trainer keeps resident plus vLLM's share (memory.py)
-            other_gib = mem.phase_peak_gib["rollout"] - utils[0][0] * mem.capacity_gib
+            other_gib = mem.phase_peak_gib["rollout"] - lowest_util * mem.capacity_gib
             util_max = (mem.capacity_gib - other_gib) / mem.capacity_gib
-            k = bisect.bisect_right([u for u, _ in utils], util_max + 1e-12)
-            if k == 0:
-                continue
-            gen_s, rv = best_gen[k - 1]
-            points += 1
-            total_s = train_s + gen_s + step.phase_s["update_weights"]
-            if best is None or total_s < best[0]:
-                best = (total_s, Candidate(**{**lv, **part_values, **rv}))
-    if best is None:
-        return None
-    _, cand = best
-    _, _, step = ev(cand)
-    return Optimum(tokens_per_s_per_gpu=step.tokens_per_s_per_gpu, candidate=cand, points=points)
+            for skey, (utils, best_gen) in settings.items():
+                k = bisect.bisect_right([u for u, _ in utils], util_max + 1e-12)
+                if k == 0:
+                    continue
+                gen_s, rv = best_gen[k - 1]
+                total_s = train_s + gen_s + step.phase_s["update_weights"]
+                seconds, cand, points = best.get((lkey, skey), (None, None, 0))
+                if seconds is None or total_s < seconds:
+                    seconds, cand = total_s, Candidate(**{**lv, **part_values, **rv})
+                best[(lkey, skey)] = (seconds, cand, points + 1)
+    return best
+
+
+def best_per_layout(space: SearchSpace, workload: Workload, ev) -> dict:
+    """Actor layout key -> (timed seconds, its fastest feasible point): best_per_part over rollout settings."""
+    out: dict = {}
+    for (lkey, _), (seconds, cand, _) in best_per_part(space, workload, ev).items():
+        if lkey not in out or seconds < out[lkey][0]:
+            out[lkey] = (seconds, cand)
+    return out
 
 
 def _rollout_table(space: SearchSpace, names: list[str], ev: _Evaluator) -> dict:
-    """rollout TP -> (ascending gpu_memory_utilization list, prefix-best (gen_s, rollout values)).
+    """rollout TP -> rollout setting key -> (ascending gpu_memory_utilization list, prefix-best (gen_s, rollout
+    values)).
 
     gen time, the KV check and the rollout rules depend on the rollout knobs alone, so they are
     evaluated once, with the trainer at neutral values."""
-    rows: dict[int, list] = {}
+    rows: dict = {}
     for rv in _product(space, names):
         rules, mem, step = ev(Candidate(**rv))
         if rules & _ROLLOUT_RULES or not mem.kv_cache_fits:
             continue
-        rows.setdefault(rv["rollout_tp"], []).append((rv["gpu_memory_utilization"], step.phase_s["gen"], rv))
-    table = {}
-    for rtp, entries in rows.items():
-        entries.sort(key=lambda e: e[0])
-        prefix, best = [], None
-        for util, gen_s, rv in entries:
-            if best is None or gen_s < best[0]:
-                best = (gen_s, rv)
-            prefix.append(best)
-        table[rtp] = ([(u, None) for u, _, _ in entries], prefix)
+        skey = rollout_key(Candidate(**rv).as_params())
+        rows.setdefault(rv["rollout_tp"], {}).setdefault(skey, []).append(
+            (rv["gpu_memory_utilization"], step.phase_s["gen"], rv))
+    table: dict = {}
+    for rtp, settings in rows.items():
+        for skey, entries in settings.items():
+            entries.sort(key=lambda e: e[0])
+            prefix, best = [], None
+            for util, gen_s, rv in entries:
+                if best is None or gen_s < best[0]:
+                    best = (gen_s, rv)
+                prefix.append(best)
+            table.setdefault(rtp, {})[skey] = ([(u, None) for u, _, _ in entries], prefix)
     return table
 
 
