@@ -390,11 +390,27 @@ def candidate_pool(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> 
     return pool
 
 
+def best_by_layout(cfg: TuneConfig, pool: dict, gate: MemoryGate) -> dict:
+    """Actor layout key -> the pool's (candidate, workload) with the best uncorrected prediction that the memory
+    gate admits."""
+    best: dict = {}
+    for cand, workload in pool.values():
+        base = base_prediction(cfg, cand, workload)
+        if not base.feasible or not gate.admits(base.memory_ratio):
+            continue
+        per_s = base.tokens_per_step / base.world / sum(base.phase_s.values())
+        key = layout_key(cand.as_params())
+        if key not in best or per_s > best[key][0]:
+            best[key] = (per_s, (cand, workload))
+    return {key: point for key, (_, point) in best.items()}
+
+
 def rank_corrected(cfg: TuneConfig, space: SearchSpace, acq: Acquisition, *, starts: list[Candidate],
                    pool: dict | None = None, samples: int = 100, keep_shapes: int = 5,
                    seed: int | None = None) -> list[Scored]:
-    """Candidates by acquisition: the pool and fresh random samples scored, the best of distinct layouts and
-    the given starts polished by coordinate descent (the polished points join the pool)."""
+    """Candidates by acquisition: the pool and fresh random samples scored, each layout also with the best-scored
+    rollout settings, the best of distinct layouts and the given starts polished by coordinate descent (the
+    polished points join the pool)."""
     rng = random.Random(seed)
     points = list((pool or {}).values())
     for _ in range(samples):
@@ -402,9 +418,14 @@ def rank_corrected(cfg: TuneConfig, space: SearchSpace, acq: Acquisition, *, sta
     scored = [s for s in (acq(c, w) for c, w in points) if s is not None]
     scored.sort(key=lambda s: s.score, reverse=True)
     # generation depends on the rollout knobs alone and adds to the training phases: give the best-scored
-    # layouts the best-scored rollout settings too, so a good layout is not judged by a pool entry's rollout
+    # layouts, and every layout's best predicted pool entry, the best-scored rollout settings too, so a layout
+    # is not judged by a pool entry's rollout (an improve pick needs an untried rollout setting: on 32B
+    # development machine 16 the model's best layout had one admissible entry, with a poor rollout, and was
+    # never probed)
     settings = list(dict.fromkeys(tuple(getattr(s.candidate, n) for n in ROLLOUT) for s in scored))[:MIX_SETTINGS]
-    mixed = [acq(s.candidate.with_(**dict(zip(ROLLOUT, r))), s.workload) for s in scored[:MIX_TOP] for r in settings]
+    bases = [(s.candidate, s.workload) for s in scored[:MIX_TOP]]
+    bases += best_by_layout(cfg, pool or {}, acq.gate).values()
+    mixed = [acq(c.with_(**dict(zip(ROLLOUT, r))), w) for c, w in dict.fromkeys(bases) for r in settings]
     scored = sorted(scored + [s for s in mixed if s is not None], key=lambda s: s.score, reverse=True)
     seeds, seen = [], set()
     for s in scored:

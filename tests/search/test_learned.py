@@ -195,3 +195,30 @@ def test_an_improve_pick_ignores_a_trial_whose_score_another_worker_has_not_writ
     study.set_user_attr(learned.CYCLE_ATTR, learned.CYCLE.index("improve"))
     assert learned.propose(study, cfg, space)
     assert any(t.user_attrs.get("model_proposal") == "improve" for t in study.get_trials(states=(optuna.trial.TrialState.WAITING,)))
+
+
+def test_every_layout_is_scored_with_the_best_rollout_settings_not_its_pool_entries_own(tmp_path):
+    """An improve pick needs an untried rollout setting. The model's best layout whose pool entries all hold tried
+    rollout settings is still proposed, with an untried one (on 32B development machine 16 the model's best
+    layout had one admissible entry, with a poor rollout setting, and was never probed in 40)."""
+    from autotune.search import learned
+    from autotune.search.driver import build_space
+    from autotune.search.equivalence import layout_key, rollout_key
+    from autotune.search.prescreen import MemoryGate
+
+    cfg = _cfg(tmp_path)
+    space = build_space(cfg)
+    pool = learned.candidate_pool(optuna.create_study(), cfg, space)
+    best = learned.best_by_layout(cfg, pool, MemoryGate())
+
+    def predicted(point):
+        base = base_prediction(cfg, *point)
+        return base.tokens_per_step / base.world / sum(base.phase_s.values())
+
+    target = max(best, key=lambda key: predicted(best[key]))
+    tried = {rollout_key(c.as_params()) for c, _ in pool.values() if layout_key(c.as_params()) == target}
+    acq = learned.Acquisition(cfg, CorrectedModel(cfg, []), MemoryGate(), None)
+    acq.tried_parts = (set(), tried, set())
+    ranked = learned.rank_corrected(cfg, space, acq, starts=[], pool=dict(pool), samples=0)
+    mine = [s for s in ranked if layout_key(s.candidate.as_params()) == target]
+    assert mine and all(rollout_key(s.candidate.as_params()) not in tried for s in mine)
