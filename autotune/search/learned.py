@@ -423,9 +423,10 @@ def rank_corrected(cfg: TuneConfig, space: SearchSpace, acq: Acquisition, *, sta
     # development machine 16 the model's best layout had one admissible entry, with a poor rollout, and was
     # never probed)
     settings = list(dict.fromkeys(tuple(getattr(s.candidate, n) for n in ROLLOUT) for s in scored))[:MIX_SETTINGS]
-    bases = [(s.candidate, s.workload) for s in scored[:MIX_TOP]]
-    bases += best_by_layout(cfg, pool or {}, acq.gate).values()
-    mixed = [acq(c.with_(**dict(zip(ROLLOUT, r))), w) for c, w in dict.fromkeys(bases) for r in settings]
+    bases = {(s.candidate, repr(s.workload)): (s.candidate, s.workload) for s in scored[:MIX_TOP]}
+    for cand, workload in best_by_layout(cfg, pool or {}, acq.gate).values():
+        bases.setdefault((cand, repr(workload)), (cand, workload))  # repr: a Workload may hold lists
+    mixed = [acq(c.with_(**dict(zip(ROLLOUT, r))), w) for c, w in bases.values() for r in settings]
     scored = sorted(scored + [s for s in mixed if s is not None], key=lambda s: s.score, reverse=True)
     seeds, seen = [], set()
     for s in scored:

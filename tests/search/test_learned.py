@@ -94,10 +94,14 @@ def test_learning_off_leaves_every_slot_to_the_sampler(tmp_path):
 
 
 def test_a_workload_holding_lists_is_predicted_and_cached(tmp_path):
-    """A job imported from a script may list several train files: the caches must not need it hashable."""
-    cfg = _cfg(tmp_path, workload=Workload(train_files=["a.parquet", "b.parquet"]))
+    """A job imported from a script may list several train files: the caches and the proposals must not need it
+    hashable."""
+    cfg = _cfg(tmp_path, trials=8, workload=Workload(train_files=["a.parquet", "b.parquet"]),
+               search=SearchOptions(warm_start=2))
     first = base_prediction(cfg, Candidate(), cfg.workload)
     assert first.feasible and base_prediction(cfg, Candidate(), cfg.workload) is first
+    study = run_study(cfg, get_runner("sim"))
+    assert {"improve", "exploit"} <= {t.user_attrs.get("model_proposal") for t in study.trials}
 
 
 def test_expected_improvement_is_the_lognormal_partial_expectation():
