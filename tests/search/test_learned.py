@@ -226,3 +226,30 @@ def test_every_layout_is_scored_with_the_best_rollout_settings_not_its_pool_entr
     ranked = learned.rank_corrected(cfg, space, acq, starts=[], pool=dict(pool), samples=0)
     mine = [s for s in ranked if layout_key(s.candidate.as_params()) == target]
     assert mine and all(rollout_key(s.candidate.as_params()) not in tried for s in mine)
+
+
+def test_an_improve_pick_takes_the_best_untried_layout_then_an_untried_rollout_setting_for_it(tmp_path):
+    """The layout leads: the pick's layout is the one with the best expected improvement under any rollout setting,
+    even where the best-scored rollout settings are tried, and its rollout setting is an untried one."""
+    from autotune.search import learned
+    from autotune.search.driver import build_space
+    from autotune.search.equivalence import layout_key, rollout_key
+    from autotune.search.prescreen import MemoryGate
+
+    cfg = _cfg(tmp_path)
+    space = build_space(cfg)
+    pool = learned.candidate_pool(optuna.create_study(), cfg, space)
+
+    def acquisition(tried_rollouts):
+        acq = learned.Acquisition(cfg, CorrectedModel(cfg, []), MemoryGate(), None, incumbent=1000.0)
+        acq.tried_parts = (set(), tried_rollouts, set())
+        return acq
+
+    free = learned.rank_corrected(cfg, space, acquisition(set()), starts=[], pool=dict(pool), samples=0)
+    best_layout = layout_key(free[0].candidate.as_params())
+    # the rollout settings of the best layout's best-scored configurations, taken: scoring the pair at once then
+    # picks another layout (FSDP 1 with an untried rollout setting, on this model and space)
+    tried = {rollout_key(s.candidate.as_params()) for s in free if layout_key(s.candidate.as_params()) == best_layout}
+    picks = learned._layout_led(cfg, space, acquisition(tried), [], dict(pool), 0, lambda s: True)
+    assert picks and layout_key(picks[0].candidate.as_params()) == best_layout
+    assert rollout_key(picks[0].candidate.as_params()) not in tried
