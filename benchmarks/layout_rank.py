@@ -2,14 +2,15 @@
 
     python benchmarks/layout_rank.py qwen2.5-7b-x8 --machines 30 [--first 0] [--within 15]
 
-For each machine of the `layout_sigma0.15` truth, each actor layout's exact optimum (its best micro-batching,
-savers and rollout setting; optimum.best_per_layout) under the truth and under the model. An idealised search
-that knows everything but the truth's per-layout and per-rollout factors, and spends one probe per layout in
-the model's order (best predicted first), reaches 95% of the optimum at the model's rank of the first layout
-whose own optimum is within 95%. No real search does better on average by following the model: the truth
-gives every layout the same prior spread (sigma 0.15), so the model's order is the order of each layout's
-chance to be the best. The script also gives that chance for layouts taken in a random order, which ignores
-the model. Results: benchmarks/results/layout_rank_7b.txt (and _32b).
+For each machine of the `layout_sigma0.15` truth, each pairing of an actor layout and a rollout setting at its
+exact optimum (optimum.best_per_part: its best micro-batching, savers and memory shares), under the truth and
+under the model. Two idealised searches that know everything but the truth's per-layout and per-rollout factors:
+one spends a probe per layout in the model's order (best predicted first) and reaches 95% of the optimum at the
+model's rank of the first layout whose own optimum is within 95%; the other takes the model's k-th layout and
+k-th rollout setting in its k-th probe and pairs every probed part for free ("pair probes"). The truth gives
+every layout the same prior spread (sigma 0.15), so the model's order is the order of each layout's chance to be
+the best; the script also gives that chance for layouts taken in a random order, which ignores the model.
+Results: benchmarks/results/layout_rank_7b.txt (and _32b).
 """
 
 from __future__ import annotations

@@ -145,15 +145,6 @@ def best_per_part(space: SearchSpace, workload: Workload, ev) -> dict:
     return best
 
 
-def best_per_layout(space: SearchSpace, workload: Workload, ev) -> dict:
-    """Actor layout key -> (timed seconds, its fastest feasible point): best_per_part over rollout settings."""
-    out: dict = {}
-    for (lkey, _), (seconds, cand, _) in best_per_part(space, workload, ev).items():
-        if lkey not in out or seconds < out[lkey][0]:
-            out[lkey] = (seconds, cand)
-    return out
-
-
 def _rollout_table(space: SearchSpace, names: list[str], ev: _Evaluator) -> dict:
     """rollout TP -> rollout setting key -> (ascending gpu_memory_utilization list, prefix-best (gen_s, rollout
     values)).
