@@ -12,9 +12,10 @@ kernels use for categorical inputs, kept to numpy and a few dozen observations.
 The corrected model picks the next probe three ways. *Improve*: the expected improvement of its throughput over
 the best measured one, the step time log-normal (each phase's posterior, summed by moment matching). The
 layout leads: first the untried actor layout with the best expected improvement under any rollout setting,
-then that layout with the untried rollout setting that gives the best expected improvement (while it has
-one), so each probe teaches both parts of the step, and the layouts are tried in the order the corrected
-model gives them, not in the order of the untried rollout settings they happen to fit (round 5). A re-probe
+then that layout with the untried rollout setting that leads under any layout (round 6; by the expected
+improvement with that layout where the leading settings do not fit it), so each probe teaches both parts of the
+step, and layouts and rollout settings are each tried in the order the corrected model gives them, not in the
+order of what they happen to fit (round 5). A re-probe
 of a near-identical configuration never wins on noise-sized uncertainty. *Exploit*: the posterior
 median throughput among pairings of a layout and a rollout setting not probed together, which harvests what
 the improve picks learned (the best layout with the best rollout setting, each measured in another probe).
@@ -44,7 +45,8 @@ from autotune.model.calibration import DEFAULT_CONSTANTS
 from autotune.model.cost import estimate_step_time
 from autotune.model.host_memory import estimate_host_memory
 from autotune.model.memory import estimate_memory
-from autotune.search.equivalence import LAYOUT, canonical_params, config_key, layout_key, rollout_key
+from autotune.search.equivalence import (LAYOUT, ROLLOUT_SETTING, canonical_params, config_key, layout_key,
+                                         rollout_key)
 from autotune.search.prescreen import MemoryGate, dominates_oom, measured_outcomes, memory_ratio
 from autotune.search.warmstart import neighbours, sample_point
 from autotune.spaces.candidate import Candidate
@@ -67,7 +69,12 @@ REF_MICRO = ("use_dynamic_bsz", "ref_log_prob_micro_batch_size_per_gpu", "log_pr
 # Prior standard deviation of log(measured / predicted) explained by each group. The whole-phase term is wide:
 # generation on a real verl run was 5x slower than predicted (log 5 = 1.6). The group terms are about the
 # size of the sim's per-trial phase errors against the torch probe (update_actor -1% to -35%,
-# benchmarks/results/sim_vs_torch_probe.txt), split over coarse and fine groups.
+# benchmarks/results/sim_vs_torch_probe.txt), split over coarse and fine groups. For generation most of it
+# sits on the vLLM setting itself (TP, batch and chunking) and less on the rollout TP it shares with others: a
+# wide TP term let one probe of a TP 2 setting that ran slow mark down every TP 2 setting, and on 32B development
+# machine 29 that kept the optimum's rollout setting, the model's third, from a probe until probe 19 (round 6,
+# benchmarks/results/search_efficiency.md). The engine keeps its shared term: narrowing it cost the fast-engine
+# truth two probes (FSDP layouts were tried before Megatron TP 1).
 _ALL = 0.8
 
 
@@ -80,8 +87,8 @@ def _train_levels(micro: tuple) -> tuple:
 
 PHASE_LEVELS: dict[str, tuple] = {
     # vLLM's scheduler setting (TP, batch, chunking, token budget) vs the memory share, which only sets KV room
-    "gen": (((), _ALL), (("rollout_tp",), 0.2), (("rollout_tp", "enable_chunked_prefill"), 0.1),
-            (("rollout_tp", "max_num_seqs"), 0.1), (SCHEDULER, 0.1),
+    "gen": (((), _ALL), (("rollout_tp",), 0.1), (("rollout_tp", "enable_chunked_prefill"), 0.07),
+            (("rollout_tp", "max_num_seqs"), 0.07), (ROLLOUT_SETTING, 0.18), (SCHEDULER, 0.05),
             (("rollout_tp", "gpu_memory_utilization"), 0.05), (ROLLOUT, 0.03)),
     "update_actor": _train_levels(UPDATE_MICRO),
     "old_log_prob": _train_levels(OLD_MICRO),
@@ -322,6 +329,8 @@ class Acquisition:
         new_layout, new_rollout = layout not in self.tried_parts[0], rollout not in self.tried_parts[1]
         if self.novelty == "layout":
             return new_layout
+        if self.novelty == "rollout":
+            return new_rollout
         if isinstance(self.novelty, tuple):  # ("with", layout): that layout with an untried rollout setting
             return layout == self.novelty[1] and new_rollout
         return (new_layout and new_rollout) if self.novelty == "both" else (new_layout or new_rollout)
@@ -497,20 +506,32 @@ def _refine(cfg: TuneConfig, space: SearchSpace, best: FrozenTrial, acq: Acquisi
 def _layout_led(cfg: TuneConfig, space: SearchSpace, acq: Acquisition, starts: list[Candidate], pool: dict,
                 seed: int, untried: Callable[[Scored], bool]) -> list[Scored]:
     """An improve pick: the untried layout with the best expected improvement under any rollout setting, then that
-    layout's configurations with an untried rollout setting, best first, and the lead itself last (empty: no
-    untried layout). Scoring the pair at once tried layouts in the order of the untried rollout settings they
-    fit: on 32B development machine 17 the optimum's layout, the model's 7th of 60, was not probed in 20 while
-    layouts ranked 12th and lower were. Over 100 searches on machines 0-49 (sigma 0.15, 40 probes), against
-    scoring the pair at once: 97% within 40 in 83 against 76, 95% within 15 in 60 against 60, best after 40
-    +0.5% on average (benchmarks/results/search_efficiency.md, round 5)."""
+    layout's configurations with an untried rollout setting, the setting that leads under any layout first (then
+    by expected improvement), and the lead itself last (empty: no untried layout). Scoring the pair at once tried
+    layouts in the order of the untried rollout settings they fit: on 32B development machine 17 the optimum's
+    layout, the model's 7th of 60, was not probed in 20 while layouts ranked 12th and lower were (round 5: over
+    100 searches on machines 0-49, sigma 0.15, 40 probes, 97% within 40 in 83 against 76). Round 6 leads the
+    rollout setting too (benchmarks/results/search_efficiency.md)."""
     acq.novelty = "layout"
     lead = next((s for s in rank_corrected(cfg, space, acq, starts=starts, pool=pool, seed=seed) if untried(s)),
                 None)
-    acq.novelty = "both" if lead is None else ("with", layout_key(lead.candidate.as_params()))
-    acq.forget()
     if lead is None:
+        acq.novelty = "both"
+        acq.forget()
         return []
-    return rank_corrected(cfg, space, acq, starts=[lead.candidate], pool=pool, seed=seed) + [lead]
+    # the rollout setting is led the same way, by its best expected improvement under any layout, not by what it
+    # gives with the lead layout: the probe then teaches the rollout setting the model ranks next (the bound's
+    # idealised search, benchmarks/layout_rank.py), and the lead layout's own best setting is left to an exploit
+    acq.novelty = "rollout"
+    acq.forget()
+    order = {key: rank for rank, key in enumerate(dict.fromkeys(
+        rollout_key(s.candidate.as_params())
+        for s in rank_corrected(cfg, space, acq, starts=starts, pool=pool, seed=seed) if untried(s)))}
+    acq.novelty = ("with", layout_key(lead.candidate.as_params()))
+    acq.forget()
+    paired = rank_corrected(cfg, space, acq, starts=[lead.candidate], pool=pool, seed=seed)
+    paired.sort(key=lambda s: (order.get(rollout_key(s.candidate.as_params()), len(order)), -s.score))
+    return paired + [lead]
 
 
 def propose(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> bool:

@@ -253,3 +253,42 @@ def test_an_improve_pick_takes_the_best_untried_layout_then_an_untried_rollout_s
     picks = learned._layout_led(cfg, space, acquisition(tried), [], dict(pool), 0, lambda s: True)
     assert picks and layout_key(picks[0].candidate.as_params()) == best_layout
     assert rollout_key(picks[0].candidate.as_params()) not in tried
+
+
+def test_an_improve_pick_pairs_the_lead_layout_with_the_rollout_setting_that_leads_under_any_layout(
+        tmp_path, monkeypatch):
+    """The rollout setting is led like the layout: the pick takes the untried setting ranked first under any
+    layout (the one the model would teach next), not the one that scores best with the lead layout; the ranking is
+    a test double that answers by the acquisition's novelty."""
+    from autotune.search import learned
+    from autotune.search.equivalence import layout_key, rollout_key
+
+    lead = Candidate(actor_engine="megatron", actor_tp=2, actor_pp=2)
+    other = Candidate(actor_engine="megatron", actor_tp=4)
+    with_a, with_b = lead.with_(rollout_tp=2, max_num_seqs=512), lead.with_(rollout_tp=4, max_num_seqs=1024)
+    ranked_by_novelty = {
+        "layout": [lead],
+        # under any layout setting B leads (here with another layout), setting A second
+        "rollout": [other.with_(rollout_tp=4, max_num_seqs=1024), other.with_(rollout_tp=2, max_num_seqs=512)],
+        # with the lead layout, A scores best
+        ("with", layout_key(lead.as_params())): [with_a, with_b],
+    }
+    seen = []
+
+    def ranking(cfg, space, acq, *, starts, pool=None, samples=100, keep_shapes=5, seed=None):
+        seen.append(acq.novelty)
+        cands = ranked_by_novelty[acq.novelty]
+        return [learned.Scored(100.0 - i, 1000.0, c, Workload()) for i, c in enumerate(cands)]
+
+    monkeypatch.setattr(learned, "rank_corrected", ranking)
+    acq = learned.Acquisition(_cfg(tmp_path), CorrectedModel(_cfg(tmp_path), []), None, None, incumbent=900.0)
+    picks = learned._layout_led(acq.cfg, None, acq, [], {}, 0, lambda s: True)
+    assert seen == ["layout", "rollout", ("with", layout_key(lead.as_params()))]
+    assert [(layout_key(s.candidate.as_params()), rollout_key(s.candidate.as_params())) for s in picks[:2]] == [
+        (layout_key(lead.as_params()), rollout_key(with_b.as_params())),
+        (layout_key(lead.as_params()), rollout_key(with_a.as_params()))]
+    # settings the any-layout ranking does not name keep their order with the lead layout
+    ranked_by_novelty["rollout"] = []
+    picks = learned._layout_led(acq.cfg, None, acq, [], {}, 0, lambda s: True)
+    assert [rollout_key(s.candidate.as_params()) for s in picks[:2]] == [rollout_key(with_a.as_params()),
+                                                                       rollout_key(with_b.as_params())]
