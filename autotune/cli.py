@@ -208,9 +208,8 @@ def build_tune_config(args):
               f"against; {len(job.passthrough)} other keys pass through")
         for name in job.unresolved:
             print(f"not read statically: {name}")
-        from autotune.search.driver import engine_hold_of
-        hold = engine_hold_of(cfg)
-        if hold is not None:
+        from autotune.search.driver import holds_of
+        for hold in holds_of(cfg):
             print(hold.describe())
     if choice.note:
         print(choice.note)

@@ -29,7 +29,7 @@ SCRIPTS = ("run_qwen3moe-30b_megatron_96gb.sh", "qwen2-7b_grpo-lora_1_h100_fsdp_
 def exports(per_setup: int, per_script: int) -> list[list[str]]:
     from autotune.verl.job_import import user_job
     from autotune.verl.judge import sample_space
-    from autotune.verl.keys import engine_hold
+    from autotune.verl.engines import holds
     from autotune.verl.launch_script import import_launch_script
 
     out = []
@@ -40,9 +40,9 @@ def exports(per_setup: int, per_script: int) -> list[list[str]]:
     for script in SCRIPTS:
         job = user_job(import_launch_script(EXAMPLES / script, {"HOME": "/home/user"}))
         gpn, nodes = job.gpus_per_node or 8, job.nodes or 1
-        hold = engine_hold(job.passthrough, job.baseline.actor_engine)
+        held = holds(job.passthrough, job.baseline.actor_engine, job.workload.lora_rank, job.baseline.rollout_tp)
         candidates = [job.baseline] + sample_space(job.model, job.workload, gpn, nodes, {}, per_script - 1, seed=7,
-                                                   hold=hold)
+                                                   holds=held)
         out += [hydra_overrides(verl_overrides(job.model, job.workload, c, gpus_per_node=gpn, nodes=nodes,
                                                passthrough=job.passthrough), model_engine(c)) for c in candidates]
     return out

@@ -124,18 +124,20 @@ def fit_to_runner(cfg: TuneConfig, runner: ProbeRunner) -> TuneConfig:
 def build_space(cfg: TuneConfig) -> SearchSpace:
     space = SearchSpace.build(cfg.model, cfg.workload, gpus_per_node=cfg.gpus_per_node, nodes=cfg.nodes,
                               fixed=cfg.fixed, ranges=cfg.ranges, tune_workload=cfg.tune_workload,
-                              hold=engine_hold_of(cfg))
+                              holds=holds_of(cfg))
     if cfg.baseline is not None:
         widen_to_baseline(space, cfg)
     return space
 
 
-def engine_hold_of(cfg: TuneConfig):
-    """The user's own job (--from) may hold its engine: an optimizer key only its engine declares
-    (autotune/verl/keys.py engine_hold)."""
-    from autotune.verl.keys import engine_hold
+def holds_of(cfg: TuneConfig) -> tuple:
+    """What the user's own job (--from) holds at its values: its engine family, its rollout TP
+    (autotune/verl/engines.py holds)."""
+    from autotune.verl.engines import holds
 
-    return engine_hold(cfg.passthrough, cfg.baseline.actor_engine) if cfg.baseline is not None else None
+    if cfg.baseline is None:
+        return ()
+    return holds(cfg.passthrough, cfg.baseline.actor_engine, cfg.workload.lora_rank, cfg.baseline.rollout_tp)
 
 
 def widen_to_baseline(space: SearchSpace, cfg: TuneConfig) -> list[str]:

@@ -84,8 +84,8 @@ class SearchSpace:
     @classmethod
     def build(cls, model: ModelSpec, workload: Workload, *, gpus_per_node: int, nodes: int,
               fixed: Mapping[str, object] | None = None, ranges: Mapping[str, object] | None = None,
-              tune_workload: Sequence[str] = (), hold=None) -> "SearchSpace":
-        """`hold`: the engines the user's own job may run on (autotune/verl/keys.py engine_hold), or None."""
+              tune_workload: Sequence[str] = (), holds: Sequence = ()) -> "SearchSpace":
+        """`holds`: knobs the user's own job holds at its values (autotune/verl/engines.py holds)."""
         world = gpus_per_node * nodes
         domains = default_domains(model, workload, world=world, gpus_per_node=gpus_per_node)
         fixed = dict(fixed or {})
@@ -106,8 +106,8 @@ class SearchSpace:
             if name not in domains:
                 raise ConfigError(f"tune.yaml ranges: unknown knob {name!r}; knobs: {', '.join(domains)}")
             domains[name] = _narrow(name, domains[name], spec, structural=name in STRUCTURAL)
-        if hold is not None:
-            domains["actor_engine"] = _hold_engine(domains["actor_engine"], fixed.get("actor_engine"), hold)
+        for hold in holds:
+            domains[hold.knob] = _held(domains[hold.knob], fixed.get(hold.knob), hold)
         workload_domains = {}
         for name in tune_workload:
             if name not in TUNABLE_WORKLOAD:
@@ -202,14 +202,14 @@ def _check_engine_pins(fixed: dict) -> None:
                               "fsdp or fsdp2")
 
 
-def _hold_engine(domain: Domain, pinned, hold) -> Domain:
-    """The engine domain narrowed to the engines the user's job may run on; a pin or range outside them is one
-    clear error."""
-    if pinned is not None and pinned not in hold.engines:
-        raise ConfigError(f"tune.yaml fixed: actor_engine={pinned!r}, but {hold.describe()}")
-    kept = tuple(e for e in domain.choices if e in hold.engines)
+def _held(domain: Domain, pinned, hold) -> Domain:
+    """A domain narrowed to the values the user's job holds it at (the engines it may run on, its rollout TP); a
+    pin or range outside them is one clear error. A single held value is the user's own and always kept."""
+    if pinned is not None and pinned not in hold.values:
+        raise ConfigError(f"tune.yaml fixed: {hold.knob}={pinned!r}, but {hold.describe()}")
+    kept = tuple(v for v in domain.choices if v in hold.values) or (hold.values if len(hold.values) == 1 else ())
     if not kept:
-        raise ConfigError(f"no engine left to search (allowed here: {domain.describe()}), since {hold.describe()}")
+        raise ConfigError(f"no {hold.knob} left to search (allowed here: {domain.describe()}), since {hold.describe()}")
     return Domain(choices=kept)
 
 

@@ -13,7 +13,7 @@ from autotune.hardware import get_gpu
 from autotune.models import model_from_identity
 from autotune.spaces.candidate import Candidate
 from autotune.verl.export import export_header, model_engine, verl_overrides, write_best_yaml
-from autotune.verl.keys import engine_hold
+from autotune.verl.engines import holds
 from autotune.storage.records import (TrialRecord, baseline_label, baseline_record, best_records, pareto_front,
                                       records, verl_default_record)
 from autotune.storage.urls import redact
@@ -143,7 +143,9 @@ def export_best(study: optuna.Study, out_dir: Path) -> Path:
                            baseline_label=baseline_label(study), baseline_trial=base.number if base else None,
                            verl_default_tokens_per_s_per_gpu=_default_tps(study),
                            exported_model_path=overrides.get("actor_rollout_ref.model.path"),
-                           engine_hold=engine_hold(identity.get("passthrough") or {}, candidate.actor_engine))
+                           # any candidate of the study agrees with the user's job on every held knob
+                           holds=holds(identity.get("passthrough") or {}, candidate.actor_engine, workload.lora_rank,
+                                       candidate.rollout_tp))
     return write_best_yaml(Path(out_dir) / "best.yaml", overrides, model_engine(candidate), header)
 
 

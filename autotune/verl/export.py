@@ -161,7 +161,7 @@ def export_header(*, model: ModelSpec, gpu_name: str, gpus_per_node: int, nodes:
                   peak_mem_gib: float, baseline_tokens_per_s_per_gpu: float | None,
                   tuned_workload_knobs: tuple[str, ...], config_dir: Path, baseline_label: str = "verl default",
                   baseline_trial: int | None = None, verl_default_tokens_per_s_per_gpu: float | None = None,
-                  exported_model_path: str | None = None, engine_hold=None) -> list[str]:
+                  exported_model_path: str | None = None, holds=()) -> list[str]:
     kind = "SIMULATED by the calibrated model, not measured" if simulated else f"measured by the {backend} backend"
     lines = [
         "autotune export: verl 0.9.1 GRPO configuration",
@@ -183,8 +183,7 @@ def export_header(*, model: ModelSpec, gpu_name: str, gpus_per_node: int, nodes:
                      + " were tuned; the model may learn differently than with your values")
     else:
         lines.append("workload held fixed: batch sizes, rollout.n, lengths and algorithm are yours")
-    if engine_hold is not None:
-        lines.append(engine_hold.describe())
+    lines += [hold.describe() for hold in holds]
     lines += [
         f"exported {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
         f"run: python3 -m verl.trainer.main_ppo --config-path={Path(config_dir).resolve()} --config-name=best",

@@ -205,12 +205,12 @@ def sample_setup(name: str, n_candidates: int, *, seed: int = 0):
 
 
 def sample_space(model, workload, gpn: int, nodes: int, fixed: dict, n_candidates: int, *, seed: int = 0,
-                 hold=None) -> list:
+                 holds=()) -> list:
     import optuna
 
     from autotune.spaces.space import SearchSpace
 
-    space = SearchSpace.build(model, workload, gpus_per_node=gpn, nodes=nodes, fixed=fixed, hold=hold)
+    space = SearchSpace.build(model, workload, gpus_per_node=gpn, nodes=nodes, fixed=fixed, holds=holds)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
     candidates = []
@@ -232,14 +232,14 @@ def judge_script(path, n_candidates: int, *, seed: int = 0, model_name: str | No
     """A verl launch script as the user's job (`--from`): its own configuration, then candidates from its space,
     both engines, each exported with the script's other keys passed through."""
     from autotune.verl.job_import import user_job
-    from autotune.verl.keys import engine_hold
+    from autotune.verl.engines import holds
     from autotune.verl.launch_script import import_launch_script
 
     job = user_job(import_launch_script(path, {"HOME": "/home/user"}), model_name=model_name)
     gpn, nodes = job.gpus_per_node or 8, job.nodes or 1
-    hold = engine_hold(job.passthrough, job.baseline.actor_engine)  # as the driver builds the job's space
+    held = holds(job.passthrough, job.baseline.actor_engine, job.workload.lora_rank, job.baseline.rollout_tp)
     candidates = [job.baseline] + sample_space(job.model, job.workload, gpn, nodes, {}, n_candidates - 1, seed=seed,
-                                               hold=hold)
+                                               holds=held)  # as the driver builds the job's space
     return judge_candidates(f"script:{path.name}", job.model, job.workload, gpn, nodes, candidates,
                             passthrough=job.passthrough)
 

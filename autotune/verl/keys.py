@@ -255,43 +255,6 @@ ENGINE_SECTIONS = {
     + (f"{A}.ulysses_sequence_parallel_size", f"{REF}.ulysses_sequence_parallel_size", f"{A}.strategy",
        f"{REF}.strategy", "critic.fsdp_config."),
 }
-# The optimizer fields both engines share with one meaning: verl's base OptimizerConfig
-# (workers/config/optimizer.py:33-55), which both read the same way (warm-up: lr_warmup_steps, or
-# lr_warmup_steps_ratio * total steps when <= 0: engine/fsdp/transformer_impl.py:514-516,
-# utils/megatron/optimizer.py:246-249). Every other optimizer field belongs to one engine's config:
-# FSDPOptimizerConfig (lr_scheduler_type, min_lr_ratio, ...: :87-125) or McoreOptimizerConfig (lr_decay_style,
-# min_lr, lr_warmup_init, ...: :127-234); `optimizer` and `override_optimizer_config` are declared by both but
-# name a torch.optim class and its kwargs under FSDP, Megatron's optimizer and its OptimizerConfig fields under
-# Megatron (utils/megatron/optimizer.py:208-211). Such a key has no exact counterpart in the other engine, and
-# dropping it would change the learning-rate schedule (what the model learns): it holds the user's engine.
-SHARED_OPTIM_FIELDS = frozenset({"lr", "lr_warmup_steps_ratio", "total_training_steps", "weight_decay",
-                                 "lr_warmup_steps", "betas", "clip_grad", "grad_clip"})
-OPTIM_SECTIONS = (f"{A}.optim.", "critic.optim.")
-ENGINE_FAMILIES = {"fsdp": ("fsdp", "fsdp2"), "fsdp2": ("fsdp", "fsdp2"), "megatron": ("megatron",)}
-
-
-class EngineHold(NamedTuple):
-    """The engines a user's job may run on, and the user's keys that hold it there."""
-    engines: tuple[str, ...]
-    keys: tuple[str, ...]
-
-    def describe(self) -> str:
-        other = "FSDP" if self.engines == ("megatron",) else "Megatron"
-        names = ", ".join(self.keys)
-        return (f"engine held at {'/'.join(self.engines)}: your job sets {names} (optimizer keys {other}'s optimizer "
-                "config has no exact counterpart for: verl workers/config/optimizer.py); switching engines would "
-                "drop them and change how the model learns")
-
-
-def engine_hold(passthrough: dict, engine: str) -> EngineHold | None:
-    """None when the user's optimizer keys mean the same under either engine; otherwise the engines (the user's
-    engine's family: FSDP and FSDP2 share FSDPOptimizerConfig) the search may use, and the keys why."""
-    held = tuple(k for k in passthrough
-                 if any(k.startswith(s) for s in OPTIM_SECTIONS)
-                 and k.split(".optim.", 1)[1].split(".")[0] not in SHARED_OPTIM_FIELDS)
-    return EngineHold(ENGINE_FAMILIES[engine], held) if held else None
-
-
 # Keys not in verl's schema, added on purpose ("+" on the command line)
 ADDED_KEYS = ("ray_kwargs.ray_init.runtime_env.env_vars.CUDA_DEVICE_MAX_CONNECTIONS",)
 # verl's deprecated global micro-batch keys: per GPU = global / (GPUs / ulysses_sequence_parallel_size), as the

@@ -360,7 +360,7 @@ def test_9_a_pin_to_the_other_engine_is_one_clear_error():
 
 
 def test_9_the_held_engine_is_said_in_the_export_header():
-    from autotune.verl.keys import engine_hold
+    from autotune.verl.engines import engine_hold
 
     job = _job(*MEGATRON_OPTIM)
     hold = engine_hold(job.passthrough, job.baseline.actor_engine)
@@ -371,7 +371,7 @@ def test_9_the_held_engine_is_said_in_the_export_header():
     header = export_header(model=job.model, gpu_name="H100", gpus_per_node=8, nodes=1, backend="sim", simulated=True,
                            study="s", trial=3, tokens_per_s_per_gpu=1.0, mfu=None, peak_mem_gib=1.0,
                            baseline_tokens_per_s_per_gpu=None, tuned_workload_knobs=(), config_dir=Path("."),
-                           engine_hold=hold)
+                           holds=(hold,))
     assert hold.describe() in header
     assert engine_hold(_job(*SHARED_OPTIM).passthrough, "fsdp") is None
 
