@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--tune-workload", action="append", default=[], metavar="KNOB",
                      help="opt in to tuning a workload knob (ppo_mini_batch_size); the export says so")
     run.add_argument("overrides", nargs="*", help=argparse.SUPPRESS)
-    run.add_argument("--nodes", type=whole_int, default=1, help="nodes (default 1)")
+    run.add_argument("--nodes", type=whole_int, help="nodes (default: the --from job's trainer.nnodes, else 1)")
     run.add_argument("--backend", default="auto", help="sim | torch | verl | auto (default: auto)")
     run.add_argument("--trials", type=positive_int, default=40,
                      help="finished trials the study should hold (a second run resumes up to this; default 40)")
@@ -170,6 +170,7 @@ def build_tune_config(args):
     gpus = args.gpus if args.gpus is not None else (job.gpus_per_node if job else None)
     if gpus is None:
         raise ConfigError("--gpus is required (GPUs per node)")
+    args.nodes = args.nodes if args.nodes is not None else (job.nodes if job and job.nodes else 1)
     check_cluster(gpus, args.nodes)
     args.gpus = gpus
     model_name = args.model or tune.model or (job.model.name if job else None)
@@ -208,6 +209,8 @@ def build_tune_config(args):
               f"against; {len(job.passthrough)} other keys pass through")
         for name in job.unresolved:
             print(f"not read statically: {name}")
+        for note in job.notes:
+            print(note)
         from autotune.search.driver import holds_of
         for hold in holds_of(cfg):
             print(hold.describe())
@@ -251,8 +254,6 @@ def check_cluster(gpus: int, nodes: int) -> None:
 
 def load_user_job(path: Path, overrides: list[str], model_name: str | None):
     """The user's own verl job (launch script or YAML), plus Hydra overrides given after --."""
-    from dataclasses import replace
-
     from autotune.verl.job_import import user_job
     from autotune.verl.launch_script import import_config_yaml, import_launch_script
 
@@ -261,10 +262,7 @@ def load_user_job(path: Path, overrides: list[str], model_name: str | None):
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise ConfigError(f"overrides after -- must look like key=value, but got {bad[0]!r}")
-    if overrides:
-        extra = dict(o.split("=", 1) for o in overrides)
-        imported = replace(imported, overrides={**imported.overrides, **extra})
-    return user_job(imported, model_name=model_name)
+    return user_job(imported.with_arguments(list(overrides)), model_name=model_name)
 
 
 def cmd_estimate(args) -> int:
@@ -294,10 +292,11 @@ def cmd_estimate(args) -> int:
     result = estimate(job.model, gpu, workload, job.baseline, gpus_per_node=gpus, nodes=nodes)
     if args.json:
         print(json.dumps({**result.as_dict(), "source": str(args.from_job), "model_path": job.model.model_path,
-                          "shapes_from": job.model.shapes_from, "unresolved": list(job.unresolved)},
+                          "shapes_from": job.model.shapes_from, "unresolved": list(job.unresolved),
+                          "notes": list(job.notes)},
                          indent=2, default=str))
     else:
-        print(render(result, str(args.from_job), job.unresolved))
+        print(render(result, str(args.from_job), job.unresolved, job.notes))
     return 0
 
 

@@ -120,11 +120,12 @@ def memory_verdict(e: Estimate) -> str:
     return f"PREDICTED OOM at mean {e.response_mean:g} and at max length {e.response_max}{where}"
 
 
-def render(e: Estimate, source: str, unresolved: tuple[str, ...]) -> str:
+def render(e: Estimate, source: str, unresolved: tuple[str, ...], notes: tuple[str, ...] = ()) -> str:
     lines = [f"{source}: {e.model} on {e.nodes} x {e.gpus_per_node} {e.gpu} ({e.capacity_gib:.1f} GiB each); "
              "all figures SIMULATED by the calibrated model"]
     for name in unresolved:
         lines.append(f"  not read statically: {name}")
+    lines += [f"  {note}" for note in notes]
     if e.violations:
         lines.append("verl would refuse it:")
         lines += [f"  {v['rule']}: {v['message']}  [{v['enforced_by']}: {v['source']}]" for v in e.violations]

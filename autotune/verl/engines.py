@@ -83,6 +83,42 @@ SPEED_ONLY_ENGINE_KEYS = {
     "fsdp_config.wrap_policy.": "FSDP unit size (memory and overlap)",
     "fsdp_config.offload_policy": "FSDP2's CPU offload (memory)",
     "fsdp_config.use_orig_params": "FSDP1's parameter views",
+    "grad_clip": "read by nothing in verl 0.9.1: both engines clip with optim.clip_grad "
+                 "(engine/fsdp/transformer_impl.py:795-811)",
+    "entropy_checkpointing": "recomputes the entropy in the backward pass (memory)",
+    "pad_to_length": "pads micro-batches to a fixed length (speed)",
+    "use_remove_padding": "the FSDP actor's copy of model.use_remove_padding, a searched knob",
+    "checkpoint.mbridge_config": "how Megatron-Bridge saves checkpoints",
+}
+
+
+# Keys of the shared model section that one engine reads and the other ignores: a user's non-default value there
+# does not survive a switch even though the key stays in the config.
+ENGINE_READS = {
+    "fsdp": {f"{M}.{leaf}": "PEFT LoRA (engine/fsdp/transformer_impl.py:162, 342-368)"
+             for leaf in ("lora_rank", "lora_alpha", "target_modules", "exclude_modules", "lora_adapter_path")},
+    "megatron": {f"{M}.lora.": "Megatron-Bridge LoRA (workers/config/megatron_peft.py, "
+                              "engine/megatron/transformer_impl.py:433-437)"},
+}
+
+
+def read_only_by(key: str) -> str | None:
+    """The engine family that alone reads this shared key (ENGINE_READS), else None."""
+    return next((engine for engine, keys in ENGINE_READS.items()
+                 if any(key == k or (k.endswith(".") and key.startswith(k)) for k in keys)), None)
+
+
+# What only one engine family's actor/ref/critic config declares (verl 0.9.1: dp_actor.yaml, dp_ref.yaml,
+# engine/fsdp.yaml against megatron_actor.yaml, megatron_ref.yaml, engine/megatron.yaml), relative to the role; a
+# trailing dot is a whole section. Such a key is dropped when the candidate runs the other engine, since verl's
+# config dataclasses refuse it at worker start ("McoreActorConfig.__init__() got an unexpected keyword argument
+# 'grad_clip'": workers/config/actor.py); tests/verl/test_semantic.py checks this list against verl's configs.
+# The optimizer's own fields are OPTIM_SECTIONS' business.
+ENGINE_OWN = {
+    "fsdp": ("fsdp_config.", "fsdp.", "ulysses_sequence_parallel_size", "strategy", "grad_clip",
+             "entropy_checkpointing", "pad_to_length", "use_remove_padding", "forward_micro_batch_size",
+             "forward_micro_batch_size_per_gpu"),
+    "megatron": ("megatron.", "checkpoint.mbridge_config"),
 }
 
 
@@ -98,11 +134,12 @@ def speed_only(key: str) -> bool:
 
 
 def engine_own(key: str) -> str | None:
-    """The engine family whose own section holds this key (a role's megatron.* or fsdp_config.*), else None."""
+    """The engine family that alone declares this key of a role (ENGINE_OWN), else None."""
     rel = relative_to_role(key)
     if rel is None:
         return None
-    return "megatron" if rel.startswith("megatron.") else "fsdp" if rel.startswith("fsdp_config.") else None
+    return next((engine for engine, own in ENGINE_OWN.items()
+                 if any(rel == k or (k.endswith(".") and rel.startswith(k)) for k in own)), None)
 
 
 class Hold(NamedTuple):
@@ -139,7 +176,8 @@ def holds(passthrough: dict, engine: str, lora_rank: int = 0, rollout_tp: int | 
     if section:
         why.append("engine settings that change the training and that the other engine has no key for: verl "
                    "workers/config/engine.py")
-    lora = [k for k in passthrough if k.startswith(f"{M}.lora.")] or ([f"{M}.lora_rank"] if lora_rank else [])
+    lora = [k for k in passthrough if k.startswith(f"{M}.lora.")] or (
+        [f"{M}.lora.rank" if engine == "megatron" else f"{M}.lora_rank"] if lora_rank else [])
     if lora:
         why.append("LoRA: verl's FSDP engine builds PEFT adapters from model.lora_rank (engine/fsdp/transformer_impl"
                    ".py:162, 368), its Megatron engine Megatron-Bridge adapters from model.lora.* (workers/config/"

@@ -17,12 +17,26 @@ import yaml
 from autotune.models import ModelSpec
 from autotune.spaces.candidate import Candidate
 from autotune.verl.hydra_syntax import hydra_value
-from autotune.verl.keys import ADDED_KEYS, OTC, TABLE, Job, engine_of
+from autotune.verl.engines import engine_own
+from autotune.verl.keys import ADDED_KEYS, OTC, TABLE, Job
+from autotune.verl.pipeline_split import Split, split_error
 from autotune.workload import Workload
 
 VERL_CONFIG_SEARCHPATH = "pkg://verl.trainer.config"
 _RECOMPUTE_KEYS = tuple(f"{OTC}.{leaf}" for leaf in ("recompute_granularity", "recompute_method",
                                                       "recompute_num_layers", "recompute_modules"))
+_SPLIT_KEYS = dict(zip(Split._fields, (f"{OTC}.{leaf}" for leaf in (
+    "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+    "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"))))
+
+
+def _users_split_holds(user: dict, model: ModelSpec, candidate: Candidate) -> bool:
+    """The user's own pipeline split (uneven stages, account_for_*) is kept where Megatron builds it for this
+    candidate (their own layout); elsewhere it is dropped, and autotune's split applies."""
+    if not any(key in user for key in _SPLIT_KEYS.values()):
+        return False
+    split = Split(**{f: user.get(key, default) for (f, key), default in zip(_SPLIT_KEYS.items(), Split())})
+    return split_error(model.num_layers, candidate.actor_pp, candidate.actor_vpp, split) is None
 
 
 def _rows(job: Job, kinds: tuple[str, ...]) -> dict:
@@ -51,9 +65,13 @@ def verl_overrides(model: ModelSpec, workload: Workload, candidate: Candidate, *
     run are dropped (verl's config dataclasses refuse them); the user's own Megatron recompute settings are kept
     while checkpointing stays on."""
     engine = "megatron" if candidate.is_megatron else "fsdp"
-    user = {k: v for k, v in (passthrough or {}).items() if engine_of(k) in (None, engine)}
+    user = {k: v for k, v in (passthrough or {}).items() if engine_own(k) in (None, engine)}
+    users_split = _users_split_holds(user, model, candidate)
+    if not users_split:  # the user's split does not fit this layout: autotune's, with account_for_* off
+        user = {k: (False if k.startswith(f"{OTC}.account_for_") else v) for k, v in user.items()
+                if k not in _SPLIT_KEYS.values() or k.startswith(f"{OTC}.account_for_")}
     out = dict(user)
-    job = Job(workload, candidate, model.model_path, gpus_per_node, nodes)
+    job = Job(workload, candidate, model.model_path, gpus_per_node, nodes, model.num_layers)
     user_recompute = candidate.is_megatron and candidate.gradient_checkpointing and \
         user.get(f"{OTC}.recompute_granularity") is not None
     for key in TABLE:
@@ -62,6 +80,8 @@ def verl_overrides(model: ModelSpec, workload: Workload, candidate: Candidate, *
         if key.user_wins and key.verl_key in user:
             continue  # the user's own value (a local model folder, another estimator or rollout engine)
         if user_recompute and key.verl_key in _RECOMPUTE_KEYS:
+            continue
+        if users_split and key.verl_key in _SPLIT_KEYS.values():
             continue
         out[key.verl_key] = key.value(job)
     return out
@@ -73,7 +93,7 @@ def model_engine(candidate: Candidate) -> str:
 
 
 @functools.lru_cache(maxsize=4)
-def _verl_declared_keys(engine: str) -> frozenset[str] | None:
+def verl_declared_keys(engine: str) -> frozenset[str] | None:
     """Every dotted key of verl's ppo_trainer composed for `engine` (the optimizer and engine sections differ), or
     None where verl's configs are not installed."""
     try:
@@ -96,14 +116,16 @@ def _verl_declared_keys(engine: str) -> frozenset[str] | None:
 
 
 def hydra_overrides(overrides: dict, engine: str) -> list[str]:
-    """Command-line form: `key=value`, `+key=value` for the keys verl does not declare (Hydra refuses a plain
-    override of an undeclared key: "Could not override"). A user's own `+key` (passed through) is found by
-    looking the key up in verl's config where it is installed."""
-    declared = _verl_declared_keys(engine)
+    """Command-line form: `key=value`, `++key=value` for the keys verl does not declare (Hydra refuses a plain
+    override of an undeclared key: "Could not override"; `++` adds it, or sets it where an interpolation already
+    put it there, where `+` fails with "Could not append to config": a user's `+ref.megatron.
+    override_transformer_config.X` after the actor's, which the ref's section interpolates). A user's own `+key`
+    (passed through) is found by looking the key up in verl's config where it is installed."""
+    declared = verl_declared_keys(engine)
     args = [f"model_engine={engine}"] if engine != "dp" else []
     for key, value in overrides.items():
         added = key in ADDED_KEYS or (declared is not None and key not in declared)
-        args.append(f"{'+' if added else ''}{key}={hydra_value(value)}")
+        args.append(f"{'++' if added else ''}{key}={hydra_value(value)}")
     return args
 
 

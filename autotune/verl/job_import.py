@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields, replace
 from autotune.errors import ConfigError
 from autotune.models import ModelSpec
 from autotune.spaces.candidate import Candidate
+from autotune.verl.export import verl_declared_keys
 from autotune.verl.keys import (ARO, BY_KEY, DEPRECATED_GLOBAL_MICRO, JOB_KEYS, NOT_IN_VERL, OTC, WORKLOAD_FIELDS,
                                 active_knobs_for)
 from autotune.workload import Workload
@@ -37,6 +38,7 @@ class UserJob:
     baseline: Candidate  # the user's system knobs over verl's defaults
     passthrough: dict  # every other key, typed as Hydra types it
     unresolved: tuple[str, ...]
+    notes: tuple[str, ...] = ()  # what autotune does differently from the script as written, one line each
 
 
 def hydra_value(key: str, text: str):
@@ -54,8 +56,6 @@ _FIELD_TYPES = {f.name: f.type for f in fields(Candidate)} | {f.name: f.type for
 
 def _typed(field: str, key: str, value):
     if isinstance(value, str) and ("$" in value or "`" in value):
-        if field in ("train_files", "val_files"):
-            return value  # only exported, never modelled: kept as written (the importer reported the name)
         raise ConfigError(f"{key} is not readable statically ({value}); give its value after --, e.g. "
                           f"-- {key}=VALUE")
     expected = _FIELD_TYPES[field]
@@ -87,9 +87,16 @@ def user_job(imported, *, model_name: str | None = None) -> UserJob:
     export (Hydra would read `${...}` as an interpolation and a `$(date)` as text)."""
     from autotune.model_config import resolve_model
 
+    if imported.entry_module != "verl.trainer.main_ppo":
+        raise ConfigError(f"{imported.source}: runs `python -m {imported.entry_module}`, a recipe's own trainer; "
+                          "autotune measures and exports verl.trainer.main_ppo only, which would silently drop what "
+                          "the recipe adds (its own config keys and training loop): not imported")
     unresolved = list(imported.unresolved)
+    notes: list[str] = []
     errors: list[str] = []
+    computed: dict[str, str] = {}  # key -> the shell text it is computed from: each must be given after --
     dropped = set(getattr(imported, "unresolved_keys", ()) or ())
+    computed_or_unparsed: list[str] = []  # keys whose value must be given after --
     values = {}
     for k, v in imported.overrides.items():
         if k.startswith("~"):
@@ -99,6 +106,7 @@ def user_job(imported, *, model_name: str | None = None) -> UserJob:
         except ConfigError as exc:
             if not _shell_computed(v):
                 errors.append(str(exc).removeprefix("cannot read "))
+                computed_or_unparsed.append(k.lstrip("+"))
                 continue
             values[k] = v  # holds what the shell would compute at run time
             dropped.add(k)
@@ -130,6 +138,20 @@ def user_job(imported, *, model_name: str | None = None) -> UserJob:
     if values.get("model_engine") == "megatron" or values.get(f"{ARO}.actor.strategy") == "megatron":
         candidate_changes["actor_engine"] = "megatron"
     megatron = candidate_changes.get("actor_engine") == "megatron"
+    if megatron and config_name != "ppo_megatron_trainer" and values.get("model_engine") != "megatron":
+        notes.append("actor.strategy=megatron without model_engine=megatron: verl 0.9.1 then composes its FSDP "
+                     "engine and refuses the job's megatron.* keys (\"Could not override\"); read as a Megatron job "
+                     "and exported with model_engine=megatron")
+    rollout_name = values.get(f"{ARO}.rollout.name")
+    if rollout_name not in (None, "vllm"):
+        notes.append(f"rollout.name={rollout_name}: probes on a GPU run {rollout_name}, but the model behind `sim` "
+                     "and the memory gate price vLLM's engine; its predictions for this job are vLLM's")
+    declared = verl_declared_keys("megatron" if megatron else "dp")
+    appended = [k for k in values if k.startswith("+") and not k.startswith("++") and declared is not None
+                and k[1:] in declared]
+    if appended:
+        notes.append(f"{', '.join(appended)}: verl 0.9.1 declares {'these keys' if len(appended) > 1 else 'this key'}"
+                     ", so Hydra refuses the `+` (\"Could not append to config\"); exported without it")
     bare_values = {key.lstrip("+"): value for key, value in values.items()}
     field_keys: dict[str, list] = {}  # candidate field -> the user's (key, value) it came from
     unreadable = []  # every key whose value cannot be read statically, reported at once
@@ -137,13 +159,11 @@ def user_job(imported, *, model_name: str | None = None) -> UserJob:
         bare = key.lstrip("+")
         row = BY_KEY.get(bare)
         raw = str(imported.overrides.get(key, value))
-        data_file = row is not None and row.field in ("train_files", "val_files")
-        if (key in dropped or _shell_computed(value)) and not (data_file and "$(" not in raw and "`" not in raw):
-            if row is not None and row.field:
-                errors.append(f"{key}={raw} is not readable statically (computed by the shell)")
-            elif bare != path_key:
-                unresolved.append(f"{key} (value {raw!r} is computed by the shell at run time; not exported, "
-                                  "give it after --)")
+        if key in dropped or _shell_computed(value):
+            # never exported as text (Hydra would read `${X}` as an interpolation, `$(date)` as a name) nor dropped
+            # (a run name or a data file the export loses changes what runs): its value is asked for
+            if bare != path_key:
+                computed[bare] = raw
             continue
         if bare in NOT_IN_VERL:
             unresolved.append(f"{bare} ({NOT_IN_VERL[bare]}; dropped)")
@@ -159,15 +179,17 @@ def user_job(imported, *, model_name: str | None = None) -> UserJob:
             elif bare.startswith(OTC):
                 passthrough[bare] = value  # the user's recompute settings, kept while checkpointing stays on
             continue
-        if megatron and row.engines == frozenset({"fsdp", "fsdp2"}) and row.field != "actor_engine":
-            continue  # an FSDP key under a Megatron job: verl never reads it
-        if not megatron and row.engines == frozenset({"megatron"}):
+        if (megatron and row.engines == frozenset({"fsdp", "fsdp2"}) and row.field != "actor_engine") or \
+                (not megatron and row.engines == frozenset({"megatron"})):
+            passthrough[bare] = value  # the other engine's key: this job's engine never reads it; kept as written
             continue
         if bare.startswith(OTC):
             passthrough[bare] = value
         if row.from_verl is not None:
             value = row.from_verl(value, bare_values)
         target = workload_changes if row.field in WORKLOAD_FIELDS else candidate_changes
+        if value is None and target is candidate_changes:
+            continue  # verl's null (a saved config's micro-batch keys under dynamic batching): the key is unset
         if row.field == "actor_engine":
             if not megatron:
                 target[row.field] = value
@@ -180,10 +202,16 @@ def user_job(imported, *, model_name: str | None = None) -> UserJob:
         if target is candidate_changes:
             field_keys.setdefault(row.field, []).append((bare, values[key]))
     errors += [msg for _, msg in unreadable]
+    errors += [f"{key}={raw} is not readable statically (computed by the shell)" for key, raw in computed.items()]
     if errors:
+        asked = list(dict.fromkeys([*computed_or_unparsed, *computed, *(key.lstrip("+") for key, _ in unreadable)]))
+        remedy = f"rerun with their values after --: -- {' '.join(f'{k}=VALUE' for k in asked)}" if asked else ""
+        if model is None:
+            remedy += (" and " if remedy else "") + "pass --model (a Hugging Face id or a local model folder)"
+        elif not asked:
+            remedy = "give their values after --, e.g. -- KEY=VALUE"
         raise ConfigError(f"{imported.source}: cannot read {len(dict.fromkeys(errors))} key(s) statically, all of "
-                          "them: " + "; ".join(dict.fromkeys(errors))
-                          + "; give their values after --, e.g. -- KEY=VALUE (or --model for the model)")
+                          "them: " + "; ".join(dict.fromkeys(errors)) + f"; {remedy}")
     if megatron:
         # verl's Megatron defaults where the script is silent: no recompute (engine/megatron.yaml:75), expert TP
         # = TP (megatron.yaml:17 null; megatron-core uses TP)
@@ -193,7 +221,7 @@ def user_job(imported, *, model_name: str | None = None) -> UserJob:
     gpn, nodes = values.get("trainer.n_gpus_per_node"), values.get("trainer.nnodes")
     sp = 1 if megatron else candidate_changes.get("ulysses_sp", 1)
     for key, field in DEPRECATED_GLOBAL_MICRO.items():
-        if key in bare_values and isinstance(gpn, int):
+        if bare_values.get(key) is not None and isinstance(gpn, int):
             world = gpn * (nodes if isinstance(nodes, int) else 1)
             # per GPU = global / (GPUs / ulysses SP): workers/config/actor.py:238-241 (global * sp >= GPUs)
             candidate_changes.setdefault(field, max(int(bare_values[key]) * sp // world, 1))
@@ -231,4 +259,4 @@ def user_job(imported, *, model_name: str | None = None) -> UserJob:
     return UserJob(source=imported.source, model=model,
                    gpus_per_node=gpn if isinstance(gpn, int) else None,
                    nodes=nodes if isinstance(nodes, int) else None, workload=workload, baseline=baseline,
-                   passthrough=passthrough, unresolved=tuple(unresolved))
+                   passthrough=passthrough, unresolved=tuple(unresolved), notes=tuple(notes))

@@ -27,7 +27,10 @@ import warnings
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
+    line = f"{type(exc).__name__}: {text[0] if text else ''}".strip()
+    cause = exc.__cause__  # hydra's InstantiationException wraps the config class's own refusal
+    return f"{line} {_first_line(cause)}" if cause is not None and type(exc).__name__ == "InstantiationException" \
+        else line
 
 
 def verdict(hydra_args: list[str]) -> str | None:
@@ -75,7 +78,7 @@ _CACHED_PARSE = None  # one cache for every candidate of the process: verl's str
 
 
 @contextlib.contextmanager
-def _interpolation_parses_cached():
+def interpolation_parses_cached():
     """OmegaConf parses an interpolation string with ANTLR each time a node is resolved (omegaconf/base.py:38,
     grammar_parser.py:96 `parse`, a pure function of its arguments); verl's configs resolve the same few dozen strings
     for every candidate, which was a quarter of the judge's time. Cached for the judge's run only, and kept across
@@ -110,7 +113,7 @@ def verdict_config(config, *, private: bool = False, fast: bool = False) -> str 
 
     _lora_rank_check_without_vllm()
     config = config if private else copy.deepcopy(config)  # the worker's renames edit it
-    with _interpolation_parses_cached() if fast else contextlib.nullcontext():
+    with interpolation_parses_cached() if fast else contextlib.nullcontext():
         return _verdict(config, need_critic, need_reference_policy, omega_conf_to_dataclass, validate_config,
                         open_dict, build_actor=not fast)
 

@@ -7,7 +7,7 @@ searched unless pinned; derived: set by autotune from other fields so that verl 
 job: the job's shape); the engines it applies to; when it applies (a function of the job); the
 conversion each way; and its source in the verl 0.9.1 wheel (file:line, checked by
 tests/verl/test_keys.py against the installed wheel). Every other key of the user's job passes through
-unchanged, except keys of the engine the candidate does not use (ENGINE_SECTIONS).
+unchanged, except keys of the engine the candidate does not use (autotune/verl/engines.py ENGINE_OWN).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 from autotune.spaces.candidate import Candidate
 from autotune.verl import roles
+from autotune.verl.pipeline_split import derived_split
 from autotune.workload import Workload
 
 ARO = "actor_rollout_ref"
@@ -37,6 +38,7 @@ class Job(NamedTuple):
     model_path: str  # model.path exactly as the user gave it
     gpus_per_node: int
     nodes: int
+    num_layers: int = 0  # the model's, for the pipeline split (0: unknown, no split written)
 
 
 def _always(job: Job) -> bool:
@@ -104,6 +106,28 @@ def _etp(value, values) -> int:
     return value
 
 
+# Megatron's fused projections and the HF projections each stands for (Megatron-Bridge's LoRA targets
+# linear_qkv / linear_proj / linear_fc1 / linear_fc2: hf_model.yaml lora.target_modules), so that a Megatron LoRA
+# job is priced by the same adapter model (model/memory.py lora_params)
+_MEGATRON_LORA = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": ("o_proj",),
+                  "linear_fc1": ("gate_proj", "up_proj"), "linear_fc2": ("down_proj",)}
+
+
+def _hf_lora_targets(value) -> str | list:
+    names = [value] if isinstance(value, str) else list(value or ())
+    if sorted(names) == sorted(_MEGATRON_LORA):
+        return "all-linear"
+    return [hf for name in names for hf in _MEGATRON_LORA.get(name, (name,))]
+
+
+def _megatron_lora_targets(value) -> list:
+    if value == "all-linear":
+        return list(_MEGATRON_LORA)
+    names = [value] if isinstance(value, str) else list(value)
+    fused = [m for m, hf in _MEGATRON_LORA.items() if any(n in hf for n in names)]
+    return fused + [n for n in names if not any(n in hf for hf in _MEGATRON_LORA.values())]
+
+
 def _recompute(value, _values) -> bool:
     return value is not None  # "full" or "selective": recompute on; null (verl's default): off
 
@@ -113,6 +137,11 @@ def _ref_micro(job: Job) -> int:
     # validate_config still wants the ref key set (utils/config.py:168-174)
     c = job.candidate
     return c.ref_log_prob_micro_batch_size_per_gpu if _separate_ref(job) else c.log_prob_micro_batch_size_per_gpu
+
+
+def _uneven(job: Job) -> bool:
+    return job.num_layers > 0 and derived_split(job.num_layers, job.candidate.actor_pp) is not None \
+        and job.candidate.actor_vpp == 1
 
 
 def _recompute_value(on, off):
@@ -137,8 +166,17 @@ TABLE: tuple[Key, ...] = (
     Key("algorithm.use_kl_in_reward", "use_kl_in_reward", "workload", f"{CONFIG}/ppo_trainer.yaml:102"),
     Key(f"{R}.name", None, "workload", f"{CONFIG}/rollout/rollout.yaml:4", to_verl=lambda j: "vllm", user_wins=True),
     Key(f"{R}.n", "rollout_n", "workload", f"{CONFIG}/rollout/rollout.yaml:127"),
-    Key(f"{M}.lora_rank", "lora_rank", "workload", f"{CONFIG}/model/hf_model.yaml:43", when=_lora),
-    Key(f"{M}.target_modules", "lora_target_modules", "workload", f"{CONFIG}/model/hf_model.yaml:49", when=_lora),
+    # LoRA: the FSDP engine reads model.lora_rank / target_modules (PEFT), the Megatron engine model.lora.*
+    # (Megatron-Bridge; verl/engines.py holds a LoRA job on its engine family)
+    Key(f"{M}.lora_rank", "lora_rank", "workload", f"{CONFIG}/model/hf_model.yaml:43", engines=FSDP_ENGINES,
+        when=_lora),
+    Key(f"{M}.target_modules", "lora_target_modules", "workload", f"{CONFIG}/model/hf_model.yaml:49",
+        engines=FSDP_ENGINES, when=_lora),
+    Key(f"{M}.lora.rank", "lora_rank", "workload", f"{CONFIG}/model/hf_model.yaml:109", engines=MEGATRON,
+        when=_lora),
+    Key(f"{M}.lora.target_modules", "lora_target_modules", "workload", f"{CONFIG}/model/hf_model.yaml:131",
+        engines=MEGATRON, when=_lora, to_verl=lambda j: _megatron_lora_targets(j.workload.lora_target_modules),
+        from_verl=lambda v, _: _hf_lora_targets(v)),
     # held verbatim (no model use): passed through with the user's value
     Key(f"{A}.optim.lr", None, "workload", f"{CONFIG}/actor/actor.yaml:151"),
     Key(f"{A}.kl_loss_coef", None, "workload", f"{CONFIG}/actor/actor.yaml:113"),
@@ -200,6 +238,11 @@ TABLE: tuple[Key, ...] = (
     # the deprecated alias feeds ref.ulysses_sequence_parallel_size through oc.select (dp_ref.yaml:39)
     Key(f"{A}.ulysses_sequence_parallel_size", "ulysses_sp", "knob", f"{CONFIG}/actor/dp_actor.yaml:34",
         engines=FSDP_ENGINES),
+    Key(f"{REF}.ulysses_sequence_parallel_size", None, "derived", f"{CONFIG}/ref/dp_ref.yaml:39",
+        engines=FSDP_ENGINES, when=_separate_ref, to_verl=lambda j: j.candidate.ulysses_sp),
+    # the reference's strategy follows the actor's (ref/ref.yaml:5); a job that set it gets the candidate's
+    Key(f"{REF}.strategy", None, "derived", f"{CONFIG}/ref/ref.yaml:5", engines=FSDP_ENGINES,
+        to_verl=lambda j: j.candidate.actor_engine),
     # the FSDP engine reads fsdp_config.use_torch_compile (engine/fsdp/transformer_impl.py:183-187);
     # actor.use_torch_compile feeds ref.use_torch_compile (ref.yaml:9). The Megatron engine reads neither.
     Key(f"{A}.fsdp_config.use_torch_compile", "use_torch_compile", "knob", f"{CONFIG}/engine/fsdp.yaml:54",
@@ -231,6 +274,19 @@ TABLE: tuple[Key, ...] = (
         engines=MEGATRON),
     Key(f"{REF}.megatron.param_offload", "ref_param_offload", "knob", f"{CONFIG}/ref/megatron_ref.yaml:39",
         engines=MEGATRON, when=_separate_ref),
+    # the reference runs in the actor's processes, whose Megatron parallel state the first engine initialises and
+    # the second reuses (engine/megatron/transformer_impl.py:244-256 `if mpu.is_initialized(): return`): its layout
+    # is the actor's. verl's default follows the actor's keys; a job that set the ref's own gets the candidate's.
+    *(Key(f"{REF}.megatron.{leaf}", None, "derived", f"{CONFIG}/ref/megatron_ref.yaml:{line}", engines=MEGATRON,
+          when=_separate_ref, to_verl=fn)
+      for leaf, line, fn in (
+          ("tensor_model_parallel_size", 29, lambda j: j.candidate.actor_tp),
+          ("pipeline_model_parallel_size", 30, lambda j: j.candidate.actor_pp),
+          ("virtual_pipeline_model_parallel_size", 31, lambda j: j.candidate.actor_vpp if j.candidate.actor_vpp > 1
+           else None),
+          ("context_parallel_size", 32, lambda j: j.candidate.actor_cp),
+          ("expert_model_parallel_size", 37, lambda j: j.candidate.actor_ep),
+          ("expert_tensor_parallel_size", 38, lambda j: j.candidate.actor_etp))),
     # Megatron's checkpointing switch (hf_model.enable_gradient_checkpointing is FSDP-only); a user's own
     # recompute settings are kept while checkpointing stays on (export.py)
     Key(f"{OTC}.recompute_granularity", "gradient_checkpointing", "knob", f"{CONFIG}/engine/megatron.yaml:75",
@@ -239,6 +295,15 @@ TABLE: tuple[Key, ...] = (
         to_verl=_recompute_value("uniform", None)),
     Key(f"{OTC}.recompute_num_layers", None, "derived", f"{CONFIG}/engine/megatron.yaml:87", engines=MEGATRON,
         to_verl=_recompute_value(1, None)),
+    # layers per pipeline stage where they do not divide by PP (verl/pipeline_split.py); a user's own valid split is
+    # kept instead (export.py). Added with "+": Megatron's TransformerConfig fields, not verl's schema.
+    Key(f"{OTC}.num_layers_in_first_pipeline_stage", None, "derived", "utils/megatron/router_replay_utils.py:84",
+        engines=MEGATRON, when=_uneven, to_verl=lambda j: derived_split(j.num_layers, j.candidate.actor_pp).first),
+    Key(f"{OTC}.num_layers_in_last_pipeline_stage", None, "derived", "utils/megatron/router_replay_utils.py:84",
+        engines=MEGATRON, when=_uneven, to_verl=lambda j: derived_split(j.num_layers, j.candidate.actor_pp).last),
+    # an uneven split cannot be mixed with these (router_replay_utils.py:85-88): off where autotune's split applies
+    *(Key(f"{OTC}.account_for_{part}_in_pipeline_split", None, "derived", "utils/megatron/router_replay_utils.py:85",
+          engines=MEGATRON, when=_uneven, to_verl=lambda j: False) for part in ("embedding", "loss")),
     # not in verl's schema: added with "+" (verl sets 1 itself on Ampere/Hopper: trainer/constants_ppo.py:122-124)
     Key("ray_kwargs.ray_init.runtime_env.env_vars.CUDA_DEVICE_MAX_CONNECTIONS", "cuda_device_max_connections",
         "knob", "trainer/constants_ppo.py:122", engines=MEGATRON,
@@ -246,15 +311,6 @@ TABLE: tuple[Key, ...] = (
         to_verl=lambda j: str(j.candidate.cuda_device_max_connections), from_verl=lambda v, _: int(v)),
 )
 
-# Sections that belong to one engine: a user's key there is dropped when the candidate runs the other engine,
-# since verl's config dataclasses refuse it at worker start ("FSDPActorConfig.__init__() got an unexpected
-# keyword argument 'megatron'": workers/config/actor.py, McoreActorConfig / FSDPActorConfig).
-ENGINE_SECTIONS = {
-    "megatron": tuple(f"{ARO}.{role}.megatron." for role in ("actor", "ref")) + ("critic.megatron.",),
-    "fsdp": tuple(f"{ARO}.{role}.fsdp_config." for role in ("actor", "ref"))
-    + (f"{A}.ulysses_sequence_parallel_size", f"{REF}.ulysses_sequence_parallel_size", f"{A}.strategy",
-       f"{REF}.strategy", "critic.fsdp_config."),
-}
 # Keys not in verl's schema, added on purpose ("+" on the command line)
 ADDED_KEYS = ("ray_kwargs.ray_init.runtime_env.env_vars.CUDA_DEVICE_MAX_CONNECTIONS",)
 # verl's deprecated global micro-batch keys: per GPU = global / (GPUs / ulysses_sequence_parallel_size), as the
@@ -292,14 +348,6 @@ def kind_of(verl_key: str) -> str:
     if row is None:
         return "passthrough"
     return {"knob": "system", "derived": "system"}.get(row.kind, row.kind)
-
-
-def engine_of(key: str) -> str | None:
-    """The engine whose section holds this key, or None when the key is shared."""
-    for engine, prefixes in ENGINE_SECTIONS.items():
-        if any(key == p or key.startswith(p) for p in prefixes):
-            return engine
-    return None
 
 
 def active_knobs_for(workload: Workload, engine: str, dynamic: bool | None = None) -> frozenset[str]:

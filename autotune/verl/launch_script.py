@@ -15,7 +15,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple, Union
 
@@ -43,9 +43,26 @@ class ImportedJob:
     # Override keys whose value depends on something in `unresolved`; their value keeps the source text
     # of the unknown part (e.g. "$HOME/data/train.parquet").
     unresolved_keys: tuple[str, ...] = ()
+    entry_module: str = "verl.trainer.main_ppo"  # what `python -m` runs
+    keys_after_args: tuple[str, ...] = ()  # keys the script sets after passing on its own arguments ("$@")
 
     def resolved_overrides(self) -> dict[str, str]:
         return {key: value for key, value in self.overrides.items() if key not in self.unresolved_keys}
+
+    def with_arguments(self, arguments: list[str]) -> "ImportedJob":
+        """The job as bash and Hydra run it with `arguments` (key=value, given after `--`) as the script's own
+        arguments: where the script passes them on ("$@"), its keys after that point win over them (Hydra applies
+        overrides in order, later wins); elsewhere they come last. A key whose value the shell computes takes the
+        value given: that is the remedy the import's error names."""
+        given = dict(a.split("=", 1) for a in arguments)
+        overrides = dict(self.overrides)
+        for key, value in given.items():
+            if key in self.keys_after_args and key not in self.unresolved_keys:
+                continue  # the script's own later value wins, as it does when bash runs it
+            overrides[key] = value
+        unresolved = tuple(u for u in self.unresolved if not (given and u in ("$@", "$*")))
+        return replace(self, overrides=overrides, unresolved=unresolved,
+                       unresolved_keys=tuple(k for k in self.unresolved_keys if k not in given))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -331,6 +348,19 @@ def _known_prefix(value: _Text) -> str:
 
 
 _SPECIAL_PARAMETERS = set("@*#?$!-")
+
+
+class _Case:
+    """A `case` block whose subject is known: only the branch whose pattern matches runs (as bash does)."""
+
+    def __init__(self, subject: str) -> None:
+        self.subject, self.active, self.matched = subject, False, False
+
+    def enter_branch(self, patterns: list[str]) -> None:
+        import fnmatch
+
+        hit = not self.matched and any(fnmatch.fnmatchcase(self.subject, p) for p in patterns)
+        self.active, self.matched = hit, self.matched or hit
 _BLOCK_NAMES = {"if": "if block", "for": "for loop", "while": "while loop", "until": "until loop",
                 "case": "case block", "select": "select loop"}
 _DECLARE = {"export", "declare", "typeset", "local", "readonly"}
@@ -469,6 +499,13 @@ class _Shell:
                 value = [_unknown(source, match.group(1))]
             elements = value if isinstance(value, list) else [value]
             return elements if match.group(2) == "@" else _joined(elements)  # "${A[*]}" is one word
+        if match := re.fullmatch(r"([A-Za-z_]\w*)\[(\d+)\]", inner):  # one element: ${FILES[0]}
+            value = self.lookup(match.group(1))
+            elements = value if isinstance(value, list) else [value] if value is not None else None
+            if elements is None or any(_names(e) for e in elements):
+                return _unknown(source, match.group(1))
+            index = int(match.group(2))
+            return elements[index] if index < len(elements) else ()
         match = re.fullmatch(r"([A-Za-z_]\w*)(?:(:?[-=+?])(.*))?", inner, re.S)
         if not match:
             return _unknown(source, source)  # ${#X}, ${X%suffix}, ${X/a/b}, ...: not modelled
@@ -533,10 +570,14 @@ class _Shell:
             if self.blocks:
                 self.blocks.pop()
             return
-        if keyword in ("if", "elif", "while", "until", "case", "select"):
+        skipping = any(isinstance(b, _Case) and not b.active for b in self.blocks)
+        if keyword == "case":
+            self.blocks.append(self.case_block(tokens[1] if len(tokens) > 1 else None))
+            return
+        if keyword in ("if", "elif", "while", "until", "select"):
             if keyword != "elif":
                 self.blocks.append(_BLOCK_NAMES[keyword])
-            if keyword != "case" and len(tokens) > 1:  # the condition runs, inside the block (`while read X`)
+            if len(tokens) > 1 and not skipping:  # the condition runs, inside the block (`while read X`)
                 self.run(command._replace(tokens=tuple(tokens[1:])))
             return
         if keyword == "for":
@@ -553,13 +594,18 @@ class _Shell:
             if len(tokens) > 1:
                 self.run(command._replace(tokens=tuple(tokens[1:])))
             return
-        if self.blocks and self.blocks[-1] == "case block":
+        if self.blocks and (isinstance(self.blocks[-1], _Case) or str(self.blocks[-1]).startswith("case ")):
             closing = next((k for k, t in enumerate(tokens) if isinstance(t, _Op) and t.text == ")"), None)
             if closing is not None:  # a `pattern)` line
+                if isinstance(self.blocks[-1], _Case):
+                    self.blocks[-1].enter_branch([_text(self.expand_one(t.parts)) for t in tokens[:closing]
+                                                  if isinstance(t, _Word)])
                 tokens = tokens[closing + 1:]
                 if tokens:
                     self.run(command._replace(tokens=tuple(tokens)))
                 return
+        if skipping:
+            return
         if self.function_definition(tokens):
             return
         segment: list = []
@@ -569,6 +615,19 @@ class _Shell:
                 segment = []
             else:
                 segment.append(token)
+
+    def case_block(self, subject) -> "_Case | str":
+        """A known subject selects its branch; an unknown one makes every branch uncertain, and names what to set."""
+        value = self.expand_one(subject.parts) if isinstance(subject, _Word) else _unknown("?", "?")
+        if not _names(value):
+            return _Case(_text(value))
+        names = [n for n in _names(value) if _NAME.fullmatch(n)] or [
+            part[1] for part in (subject.parts if isinstance(subject, _Word) else ()) if part[0] == "param"]
+        hint = f"; set {' or '.join(names)} in the environment to read it" if names else ""
+        return f"case block on {_text(value)} (its subject is not known statically{hint})"
+
+    def uncertain_blocks(self) -> list[str]:
+        return [b for b in self.blocks if b != "{" and not isinstance(b, _Case)]
 
     def function_definition(self, tokens: list) -> bool:
         texts = [t.text if isinstance(t, _Op) else _literal(t) for t in tokens[:4]]
@@ -592,7 +651,7 @@ class _Shell:
                 skip_next = token.text in _REDIRECTIONS
             else:
                 words.append(token)
-        certain = not self.blocks and not command.chained
+        certain = not self.uncertain_blocks() and not command.chained
         prefix = []
         while words and (assignment := _split_assignment(words[0])):
             prefix.append(assignment)
@@ -650,16 +709,16 @@ class _Shell:
                 launcher -= 1
             entry = _is_entry_module(texts[k + 1]) and _is_python(fields[launcher])
             if entry:
-                self.record(fields[k + 2:], prefix, command)
+                self.record(texts[k + 1], fields[k + 2:], prefix, command)
                 return
             self.entry_points_seen.append(" ".join(" ".join(texts[:k + 2]).split()))
         if len(fields) > 1 and _is_python(fields[0]) and texts[1].endswith(".py"):
             self.entry_points_seen.append(f"{texts[0]} {texts[1]}")
 
-    def record(self, args: list[_Text], prefix: list, command: _Command) -> None:
+    def record(self, module: str, args: list[_Text], prefix: list, command: _Command) -> None:
         hydra = _hydra_arguments(args)
         unresolved = dict.fromkeys(hydra.unresolved)
-        unresolved.update(dict.fromkeys(block for block in self.blocks if block != "{"))
+        unresolved.update(dict.fromkeys(self.uncertain_blocks()))
         env: dict[str, str] = {}
         script_vars = [(name, value, name in self.exported) for name, value in self.vars.items()
                        if value is not None and not isinstance(value, list)]
@@ -672,7 +731,8 @@ class _Shell:
         unresolved.update(dict.fromkeys(self.sourced))
         job = ImportedJob(source=self.source, overrides=hydra.overrides, config_path=hydra.config_path,
                           config_name=hydra.config_name, env=env, unresolved=tuple(unresolved),
-                          unresolved_keys=hydra.unresolved_keys)
+                          unresolved_keys=hydra.unresolved_keys, entry_module=module,
+                          keys_after_args=hydra.keys_after_args)
         self.invocations.append(_Invocation(command.offset, job))
 
 
@@ -682,6 +742,7 @@ class _HydraArguments(NamedTuple):
     config_path: str | None
     config_name: str | None
     unresolved: tuple[str, ...]
+    keys_after_args: tuple[str, ...]
 
 
 _CONFIG_FLAGS = {"--config-path": "path", "-cp": "path", "--config-name": "name", "-cn": "name"}
@@ -693,10 +754,13 @@ def _hydra_arguments(args: list[_Text]) -> _HydraArguments:
     unresolved_keys: dict[str, None] = {}
     config: dict[str, str | None] = {"path": None, "name": None}
     unresolved: dict[str, None] = {}
+    after_args: dict[str, None] | None = None  # keys set after "$@", once it is seen
     fields = iter(args)
     for field in fields:
         text = _text(field)
         unresolved.update(dict.fromkeys(_names(field)))
+        if after_args is None and {"$@", "$*"} & set(_names(field)):
+            after_args = {}
         flag, eq, value = text.partition("=")
         if flag in _CONFIG_FLAGS:
             if not eq and (field := next(fields, None)) is not None:
@@ -705,12 +769,15 @@ def _hydra_arguments(args: list[_Text]) -> _HydraArguments:
             config[_CONFIG_FLAGS[flag]] = value
         elif text.startswith("~") or "=" in _known_prefix(field):
             overrides[flag] = value  # "~key" alone deletes key: value ""
+            if after_args is not None:
+                after_args[flag] = None
             unresolved_keys.pop(flag, None)
             if _names(field):
                 unresolved_keys[flag] = None
         elif not _names(field):
             unresolved[text] = None  # a Hydra flag autotune does not model, or a word that is no override
-    return _HydraArguments(overrides, tuple(unresolved_keys), config["path"], config["name"], tuple(unresolved))
+    return _HydraArguments(overrides, tuple(unresolved_keys), config["path"], config["name"], tuple(unresolved),
+                           tuple(after_args or ()))
 
 
 # ---------------------------------------------------------------------------------------------------

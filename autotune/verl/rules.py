@@ -15,6 +15,7 @@ from autotune.models import ModelSpec
 from autotune.spaces.candidate import Candidate
 from autotune.spaces.layout import ParallelLayout
 from autotune.workload import Workload
+from autotune.verl.pipeline_split import derived_split
 from autotune.verl.roles import reference, separate_reference
 
 
@@ -199,11 +200,15 @@ def megatron_kv_heads_divisible_by_tp(ctx: CheckContext) -> Violation | None:
 @rule
 def megatron_layers_divisible_by_pp(ctx: CheckContext) -> Violation | None:
     c, m = ctx.candidate, ctx.model
-    if not c.is_megatron or m.num_layers % c.actor_pp == 0:
+    # layers that do not divide by PP get an uneven split (verl/pipeline_split.py), which Megatron builds
+    # without virtual pipeline stages only
+    if not c.is_megatron or m.num_layers % c.actor_pp == 0 or (c.actor_vpp == 1 and derived_split(m.num_layers,
+                                                                                                   c.actor_pp)):
         return None
     return _v("megatron_layers_divisible_by_pp", "num_layers should be divisible by pipeline_model_parallel_size "
-              f"(num_layers={m.num_layers}, pipeline_model_parallel_size={c.actor_pp})",
-              "megatron-core", "megatron/core/transformer/transformer_block.py (get_num_layers_to_build)")
+              f"(num_layers={m.num_layers}, pipeline_model_parallel_size={c.actor_pp}); autotune's uneven split "
+              "applies without virtual pipeline stages only",
+              "megatron-core", "megatron/core/transformer/transformer_config.py (__post_init__, uneven PP)")
 
 
 @rule

@@ -36,25 +36,37 @@ class Difference:
         return f"{self.key}: your job {self.user!r}, export {self.export!r}"
 
 
-def _flat(cfg, *, resolve: bool) -> dict:
+def _leaves(node, prefix: str = "", out: dict | None = None) -> dict:
+    out = {} if out is None else out
+    if isinstance(node, dict) and node:
+        for k, v in node.items():
+            _leaves(v, f"{prefix}{k}.", out)
+    else:
+        out[prefix[:-1]] = node
+    return out
+
+
+def _flat(cfg) -> tuple[dict, dict]:
+    """(as written, resolved) leaves of a composed config by dotted key. An interpolation to a section resolves to
+    that section's leaves; where some interpolation cannot resolve (a user's own ${...}), each leaf is resolved on
+    its own and one that cannot is compared as written."""
     from omegaconf import OmegaConf
 
-    out: dict = {}
-
-    def walk(node, prefix: str) -> None:
-        if isinstance(node, dict) and node:
-            for k, v in node.items():
-                walk(v, f"{prefix}{k}.")
-        else:
-            out[prefix[:-1]] = node
-
+    raw = _leaves(OmegaConf.to_container(cfg, resolve=False))
     try:
-        walk(OmegaConf.to_container(cfg, resolve=resolve), "")
-    except Exception:  # an interpolation that cannot resolve (a user's ${...}): compare as written
-        if not resolve:
-            raise
-        return _flat(cfg, resolve=False)
-    return out
+        return raw, _leaves(OmegaConf.to_container(cfg, resolve=True))
+    except Exception:  # omegaconf raises InterpolationResolutionError and friends
+        pass
+    resolved = {}
+    for key, value in raw.items():
+        if isinstance(value, str) and "${" in value:
+            try:
+                value = OmegaConf.select(cfg, key, throw_on_resolution_failure=True)
+                value = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+            except Exception:  # omegaconf raises InterpolationResolutionError and friends
+                pass
+        resolved[key] = value
+    return raw, resolved
 
 
 def _family(engine: str) -> str:
@@ -62,28 +74,36 @@ def _family(engine: str) -> str:
 
 
 @functools.lru_cache(maxsize=2)
-def engine_defaults(engine_family: str) -> dict:
-    """verl's own composed defaults for one engine family, flattened and resolved."""
+def engine_defaults(engine_family: str) -> tuple[dict, dict]:
+    """verl's own composed defaults for one engine family: (as written, resolved) leaves."""
     from autotune.verl.compose import compose_overrides
 
-    return _flat(compose_overrides(["model_engine=megatron"] if engine_family == "megatron" else []), resolve=True)
+    return _flat(compose_overrides(["model_engine=megatron"] if engine_family == "megatron" else []))
 
 
-def user_job_args(imported) -> list[str]:
+def user_job_args(imported, engine: str) -> list[str]:
     """The user's job as verl's command line receives it: the script's overrides in order (later wins, as Hydra
-    applies them), `model_engine=megatron` for verl's Megatron shim config, and each value the shell computes
-    replaced by a marker no export can hold (so a key the export drops or rewrites shows as a difference)."""
+    applies them), with each value the shell computes replaced by a marker no export can hold (so a key the export
+    drops or rewrites shows as a difference). Three readings, as the export writes the same keys: a `+key` is
+    applied as `++key` (verl's Hydra refuses the `+` where the key is already there), a key verl does not declare
+    as `++key` (refused without a prefix: "Could not override"), and a job read as Megatron (`engine`) from
+    `actor.strategy=megatron` composes with `model_engine=megatron`. Keys verl 0.9.1 no longer has are left out:
+    no job carries them."""
+    from autotune.verl.export import verl_declared_keys
     from autotune.verl.hydra_syntax import hydra_value
     from autotune.verl.keys import NOT_IN_VERL
 
-    args = []
-    if (imported.config_name or "").removesuffix(".yaml") == "ppo_megatron_trainer":
-        args.append("model_engine=megatron")
+    declared = verl_declared_keys("megatron" if engine == "megatron" else "dp") or frozenset()
+    args = ["model_engine=megatron"] if engine == "megatron" else []
     unresolved = set(imported.unresolved_keys)
     for key, value in imported.overrides.items():
         bare = key.lstrip("+~")
-        if bare in NOT_IN_VERL:
-            continue  # verl 0.9.1 refuses the key itself ("Could not override"): no job carries it
+        if bare in NOT_IN_VERL or key == "model_engine":
+            continue
+        if key.startswith("+") and not key.startswith("++"):
+            key = "+" + key  # as the export writes it (export.hydra_overrides): Hydra's `+` fails on a declared key
+        elif not key.startswith(("+", "~")) and key not in declared:
+            key = "++" + key  # a key verl 0.9.1 does not declare: refused without a `+`, added as the export adds it
         if key.startswith("~"):
             args.append(key if not value else f"{key}={value}")
         elif key in unresolved or "$(" in value or "`" in value:
@@ -96,18 +116,28 @@ def user_job_args(imported) -> list[str]:
 def compare(user_cfg, export_cfg, *, user_engine: str, export_engine: str, gpus_per_node: int, nodes: int,
             tuned_workload_keys: frozenset = frozenset()) -> list[Difference]:
     """Every difference between the two composed configs that no declared rule explains."""
-    from autotune.verl.engines import ENGINE_DEFAULT_DIFFERENCES, SPEED_ONLY_ENGINE_KEYS, speed_only
-    from autotune.verl.keys import ADDED_KEYS, TABLE
+    from autotune.verl.engines import ENGINE_DEFAULT_DIFFERENCES, read_only_by, speed_only
+    from autotune.verl.keys import ADDED_KEYS, DEPRECATED_GLOBAL_MICRO, TABLE
 
-    system = {row.verl_key for row in TABLE if row.kind in ("knob", "derived")} | set(ADDED_KEYS)
+    # the deprecated global micro-batch keys are the same knob as the per-GPU ones the export writes
+    system = {row.verl_key for row in TABLE if row.kind in ("knob", "derived")} | set(ADDED_KEYS) \
+        | set(DEPRECATED_GLOBAL_MICRO)
     job_shape = {"trainer.n_gpus_per_node": gpus_per_node, "trainer.nnodes": nodes}
-    user_raw, export_raw = _flat(user_cfg, resolve=False), _flat(export_cfg, resolve=False)
-    user, export = _flat(user_cfg, resolve=True), _flat(export_cfg, resolve=True)
+    (user_raw, user), (export_raw, export) = _flat(user_cfg), _flat(export_cfg)
     switch = _family(user_engine) != _family(export_engine)
     user_defaults, export_defaults = engine_defaults(_family(user_engine)), engine_defaults(_family(export_engine))
-    out = []
+
+    def at_default(defaults: tuple[dict, dict], key: str, raw, resolved) -> bool:
+        # as written (verl's own interpolation, following a knob) or by value
+        return raw == defaults[0].get(key, _ABSENT) or resolved == defaults[1].get(key, _ABSENT)
+
+    out: list[Difference] = []
     for key in sorted(set(user) | set(export)):
         u, e = user.get(key, _ABSENT), export.get(key, _ABSENT)
+        if switch and read_only_by(key) == _family(user_engine) and key not in system \
+                and not at_default(user_defaults, key, user_raw.get(key, _ABSENT), u):
+            out.append(Difference(key, u, f"{e!r}, which {_family(export_engine)} does not read"))
+            continue
         if u == e or user_raw.get(key, _ABSENT) == export_raw.get(key, _ABSENT):
             continue
         if key in system or key in tuned_workload_keys:
@@ -117,16 +147,38 @@ def compare(user_cfg, export_cfg, *, user_engine: str, export_engine: str, gpus_
                 out.append(Difference(key, u, e))
             continue
         if switch:
-            user_side_default = u == user_defaults.get(key, _ABSENT)
-            export_side_default = e == export_defaults.get(key, _ABSENT)
+            user_side_default = at_default(user_defaults, key, user_raw.get(key, _ABSENT), u)
+            export_side_default = at_default(export_defaults, key, export_raw.get(key, _ABSENT), e)
             if key in ENGINE_DEFAULT_DIFFERENCES and user_side_default and export_side_default:
                 continue
-            only_user_engine = key not in export_defaults and key in user_defaults
-            only_export_engine = key not in user_defaults and key in export_defaults
+            only_user_engine = key not in export_defaults[1] and key in user_defaults[1]
+            only_export_engine = key not in user_defaults[1] and key in export_defaults[1]
             if (only_user_engine and (user_side_default or speed_only(key)) and e == _ABSENT) or \
                     (only_export_engine and export_side_default and u == _ABSENT):
                 continue
-            if key in SPEED_ONLY_ENGINE_KEYS and e == _ABSENT:
+            if speed_only(key) and e == _ABSENT:
                 continue
         out.append(Difference(key, u, e))
+    return out
+
+
+def judge_exports(imported, job, candidates, *, gpus_per_node: int, nodes: int, composer=None) -> list[tuple]:
+    """(candidate, differences, composed export) for each candidate's export against the user's job `imported` (an
+    ImportedJob, with any `--` values applied) as autotune read it (`job`, a UserJob)."""
+    from autotune.verl.compose import Composer
+    from autotune.verl.export import hydra_overrides, model_engine, verl_overrides
+    from autotune.verl.judge import interpolation_parses_cached
+
+    compose = composer or Composer()
+    user_engine = job.baseline.actor_engine
+    out = []
+    with interpolation_parses_cached():
+        user_cfg = compose(user_job_args(imported, user_engine))
+        for candidate in candidates:
+            overrides = verl_overrides(job.model, job.workload, candidate, gpus_per_node=gpus_per_node, nodes=nodes,
+                                       passthrough=job.passthrough)
+            export_cfg = compose(hydra_overrides(overrides, model_engine(candidate)))
+            out.append((candidate, compare(user_cfg, export_cfg, user_engine=user_engine,
+                                           export_engine=candidate.actor_engine, gpus_per_node=gpus_per_node,
+                                           nodes=nodes), export_cfg))
     return out

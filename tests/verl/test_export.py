@@ -52,18 +52,19 @@ def test_hydra_override_strings():
                             ADDED_KEYS[0]: "1"}, "megatron")
     assert args == ["model_engine=megatron", "trainer.val_before_train=True", "actor_rollout_ref.rollout.max_model_len=null",
                     "data.train_files='~/x y.parquet'", "actor_rollout_ref.rollout.gpu_memory_utilization=0.55",
-                    f"+{ADDED_KEYS[0]}='1'"]
+                    f"++{ADDED_KEYS[0]}='1'"]
 
 
 @pytest.mark.verl
 def test_a_users_added_key_keeps_its_plus_on_the_command_line():
     """verl's example run_qwen3moe-30b_megatron_96gb.sh adds model_config.max_position_embeddings under
-    override_config with '+'; the command-line export must add it too, or Hydra refuses ("Could not override")."""
+    override_config with '+'; the command-line export must add it too (`++`), or Hydra refuses ("Could not
+    override")."""
     from autotune.verl.compose import compose_overrides
 
     key = "actor_rollout_ref.model.override_config.model_config.max_position_embeddings"
     args = hydra_overrides({key: 10240, "trainer.val_before_train": False}, "dp")
-    assert args == [f"+{key}=10240", "trainer.val_before_train=False"]
+    assert args == [f"++{key}=10240", "trainer.val_before_train=False"]
     assert compose_overrides(args).actor_rollout_ref.model.override_config.model_config.max_position_embeddings == 10240
 
 
