@@ -74,11 +74,6 @@ def _typed(field: str, key: str, value):
     raise ConfigError(f"{key}={value!r}: expected {expected} for {field}")
 
 
-def _shell_computed(text) -> bool:
-    """A value the shell computes at run time ($VAR, ${...}, $(...), backticks): never exported as text."""
-    return isinstance(text, str) and ("$" in text or "`" in text)
-
-
 def user_job(imported, *, model_name: str | None = None) -> UserJob:
     """Split an ImportedJob (autotune/verl/launch_script.py) into workload, baseline and passthrough.
 
@@ -104,12 +99,11 @@ def user_job(imported, *, model_name: str | None = None) -> UserJob:
         try:
             values[k] = hydra_value(k.lstrip("+"), v)
         except ConfigError as exc:
-            if not _shell_computed(v):
+            if k not in dropped:
                 errors.append(str(exc).removeprefix("cannot read "))
                 computed_or_unparsed.append(k.lstrip("+"))
                 continue
             values[k] = v  # holds what the shell would compute at run time
-            dropped.add(k)
     unresolved += [f"{k} (deletion cannot be exported)" for k in imported.overrides if k.startswith("~")]
     config_name = (imported.config_name or "ppo_trainer").removesuffix(".yaml")
     if config_name not in ("ppo_trainer", "ppo_megatron_trainer"):
@@ -122,7 +116,7 @@ def user_job(imported, *, model_name: str | None = None) -> UserJob:
             model = resolve_model(model_name)
         except ConfigError as exc:
             errors.append(str(exc))
-    elif path_key in dropped or _shell_computed(path):
+    elif path_key in dropped:
         errors.append(f"{path_key} is computed by the shell ({imported.overrides.get(path_key)}); pass --model "
                       "or give it after --")
     elif isinstance(path, str) and path:
@@ -159,7 +153,7 @@ def user_job(imported, *, model_name: str | None = None) -> UserJob:
         bare = key.lstrip("+")
         row = BY_KEY.get(bare)
         raw = str(imported.overrides.get(key, value))
-        if key in dropped or _shell_computed(value):
+        if key in dropped:
             # never exported as text (Hydra would read `${X}` as an interpolation, `$(date)` as a name) nor dropped
             # (a run name or a data file the export loses changes what runs): its value is asked for
             if bare != path_key:

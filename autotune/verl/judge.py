@@ -231,14 +231,55 @@ def judge_setup(name: str, n_candidates: int, *, seed: int = 0) -> list[dict]:
     return judge_candidates(name, model, workload, gpn, nodes, candidates)
 
 
+# The environment a fixture script is read in, and what a user types where the import's error asks for a value
+# (`rerun with their values after --: -- KEY=VALUE ...`); the model path where a script has a placeholder is the
+# --model given.
+ENVIRON = {"HOME": "/home/user", "PWD": "/home/user/work"}
+_ARO = "actor_rollout_ref"
+REMEDY_VALUES = {
+    "trainer.project_name": "grpo", "trainer.experiment_name": "run1", "trainer.default_local_dir": "/ckpt/run1",
+    "data.train_files": "/data/train.parquet", "data.val_files": "/data/test.parquet",
+    "data.train_batch_size": "256", "data.max_prompt_length": "1024", "data.max_response_length": "2048",
+    f"{_ARO}.actor.ppo_mini_batch_size": "64", f"{_ARO}.actor.fsdp_config.param_offload": "False",
+    f"{_ARO}.actor.fsdp_config.optimizer_offload": "False", f"{_ARO}.rollout.tensor_model_parallel_size": "2",
+    f"{_ARO}.rollout.gpu_memory_utilization": "0.6", f"{_ARO}.rollout.max_num_seqs": "256",
+    "trainer.n_gpus_per_node": "8", f"{_ARO}.actor.megatron.virtual_pipeline_model_parallel_size": "null",
+    f"{_ARO}.ref.megatron.virtual_pipeline_model_parallel_size": "null",
+    f"{_ARO}.actor.megatron.dist_checkpointing_path": "/ckpt/mcore",
+    f"{_ARO}.ref.megatron.dist_checkpointing_path": "/ckpt/mcore",
+}
+
+
+def import_script(path, *, model_name: str | None = None, environ: dict | None = None):
+    """(imported job with the `--` values applied, UserJob), as a user gets there: one rerun with the values the
+    first error asks for (REMEDY_VALUES). Any other error is raised as the user sees it."""
+    import re
+
+    from autotune.errors import ConfigError
+    from autotune.verl.job_import import user_job
+    from autotune.verl.launch_script import import_launch_script
+
+    imported = import_launch_script(path, environ or ENVIRON)
+    try:
+        return imported, user_job(imported, model_name=model_name)
+    except ConfigError as exc:
+        remedy = re.search(r"rerun with their values after --: -- (\S+=VALUE(?: \S+=VALUE)*)", str(exc))
+        if remedy is None:
+            raise
+        keys = [arg.split("=", 1)[0] for arg in remedy.group(1).split()]
+        values = {**REMEDY_VALUES, f"{_ARO}.model.path": model_name}
+        if any(values.get(key) is None for key in keys):
+            raise
+        imported = imported.with_arguments([f"{key}={values[key]}" for key in keys])
+        return imported, user_job(imported, model_name=model_name)
+
+
 def judge_script(path, n_candidates: int, *, seed: int = 0, model_name: str | None = None) -> list[dict]:
     """A verl launch script as the user's job (`--from`): its own configuration, then candidates from its space,
     both engines, each exported with the script's other keys passed through."""
-    from autotune.verl.job_import import user_job
     from autotune.verl.engines import holds
-    from autotune.verl.launch_script import import_launch_script
 
-    job = user_job(import_launch_script(path, {"HOME": "/home/user"}), model_name=model_name)
+    _, job = import_script(path, model_name=model_name)
     gpn, nodes = job.gpus_per_node or 8, job.nodes or 1
     held = holds(job.passthrough, job.baseline.actor_engine, job.workload.lora_rank, job.baseline.rollout_tp)
     candidates = [job.baseline] + sample_space(job.model, job.workload, gpn, nodes, {}, n_candidates - 1, seed=seed,
@@ -295,17 +336,16 @@ def run(tasks: list[tuple], *, processes: int = 2) -> list[dict]:
 
 
 def importable_scripts(folder) -> list:
-    """The launch scripts of `folder` that `--from` imports (the others say why in one line)."""
+    """The launch scripts of `folder` that `--from` imports, with the `--` values its error asks for (the others
+    say why in one line)."""
     from pathlib import Path
 
     from autotune.errors import ConfigError
-    from autotune.verl.job_import import user_job
-    from autotune.verl.launch_script import import_launch_script
 
     out = []
     for path in sorted(Path(folder).glob("*.sh")):
         try:
-            user_job(import_launch_script(path, {"HOME": "/home/user"}), model_name=SCRIPT_MODELS.get(path.name))
+            import_script(path, model_name=SCRIPT_MODELS.get(path.name))
         except ConfigError:
             continue
         out.append(path)

@@ -827,7 +827,8 @@ def import_config_yaml(path) -> ImportedJob:
     if not path.is_file():
         raise LaunchScriptError(f"config file not found: {path}")
     try:  # OmegaConf's YAML rules, as Hydra reads the file (1e-6 is a float there, a string to PyYAML)
-        data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        loaded = OmegaConf.load(path)
+        data = OmegaConf.to_container(loaded, resolve=False)
     except yaml.YAMLError as exc:
         raise LaunchScriptError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
     except UnicodeDecodeError as exc:
@@ -843,16 +844,29 @@ def import_config_yaml(path) -> ImportedJob:
                 overrides[str(key)[len("override "):].strip()] = hydra_value(value)
     for key, value in data.items():
         if key not in ("defaults", "hydra"):
-            _flatten(str(key), value, overrides)
+            _flatten(str(key), value, overrides, loaded)
     return ImportedJob(source=str(path), overrides=overrides, config_path=None, config_name=None, env={},
                        unresolved=())
 
 
-def _flatten(prefix: str, value, out: dict[str, str]) -> None:
+# a reference to another key of the same file, plain or through oc.select; other resolvers (oc.env, ...) read the
+# machine verl runs on and stay as written
+_REFERENCE = re.compile(r"\$\{(oc\.select:)?[\w.]+(,[^${}]*)?\}")
+
+
+def _flatten(prefix: str, value, out: dict[str, str], loaded) -> None:
     if isinstance(value, dict) and value:
         for key, child in value.items():
-            _flatten(f"{prefix}.{key}", child, out)
-    else:
-        out[prefix] = hydra_value(value)
+            _flatten(f"{prefix}.{key}", child, out, loaded)
+        return
+    if isinstance(value, str) and _REFERENCE.fullmatch(value):
+        # a saved .hydra/config.yaml refers to its own keys (ref.log_prob_micro_batch_size_per_gpu:
+        # ${oc.select:actor_rollout_ref.rollout...}): read as the value it gives, where that is one scalar
+        try:
+            resolved = OmegaConf.select(loaded, prefix, throw_on_resolution_failure=True)
+        except Exception:  # omegaconf's resolution errors: a primary config refers to verl's own keys
+            resolved = value
+        value = value if OmegaConf.is_config(resolved) else resolved
+    out[prefix] = hydra_value(value)
 
 

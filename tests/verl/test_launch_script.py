@@ -171,7 +171,8 @@ def test_a_later_value_clears_an_unresolved_key():
 @pytest.mark.parametrize(("script", "names"), [
     (f"if [ -n \"$X\" ]; then\n  {ENTRY} a=1\nfi\n", ("if block",)),
     (f"for lr in 1e-6 2e-6; do\n  {ENTRY} lr=$lr\ndone\n", ("lr", "for loop")),
-    (f'case "$M" in\n  big) {ENTRY} a=1 ;;\nesac\n', ("case block",)),
+    (f'case "$M" in\n  big) {ENTRY} a=1 ;;\nesac\n',
+     ("case block on $M (its subject is not known statically; set M in the environment to read it)",)),
     (f"run() {{\n  {ENTRY} a=1 \"$@\"\n}}\nrun\n", ("$@", "function run")),
 ])
 def test_loops_and_conditionals_around_the_command(script, names):
@@ -430,8 +431,8 @@ def test_saved_full_config_round_trips_through_hydra(tmp_path):
     OmegaConf.save(composed, saved)  # what a run leaves in .hydra/config.yaml
     job = import_config_yaml(saved)
     assert job.overrides["model_engine"] == "megatron"
-    again = compose_overrides(_hydra_args(job.overrides))
-    assert OmegaConf.to_container(again, resolve=False) == OmegaConf.to_container(composed, resolve=False)
+    again = compose_overrides(_hydra_args(job.overrides))  # its interpolations were read as the values they give
+    assert OmegaConf.to_container(again, resolve=True) == OmegaConf.to_container(composed, resolve=True)
 
 
 @pytest.mark.verl

@@ -16,29 +16,15 @@ import pytest
 
 from autotune.errors import ConfigError
 from autotune.verl.job_import import user_job
-from autotune.verl.launch_script import import_launch_script, import_launch_text
+from autotune.verl.judge import ENVIRON, import_script
+from autotune.verl.launch_script import import_launch_text
 
 DATA = Path(__file__).parents[1] / "data"
 FOLDERS = (DATA / "verl_examples", DATA / "verl_examples_v090")
 SCRIPTS = sorted(path for folder in FOLDERS for path in folder.glob("*.sh"))
 CONFIGS = DATA / "model_configs"
-ENVIRON = {"HOME": "/home/user", "PWD": "/home/user/work"}
 ARO = "actor_rollout_ref"
 
-# What a user types where the import's error asks for a value (`rerun with their values after --: -- K=VALUE`).
-REMEDY_VALUES = {
-    "trainer.project_name": "grpo", "trainer.experiment_name": "run1", "trainer.default_local_dir": "/ckpt/run1",
-    "data.train_files": "/data/train.parquet", "data.val_files": "/data/test.parquet",
-    "data.train_batch_size": "256", "data.max_prompt_length": "1024", "data.max_response_length": "2048",
-    f"{ARO}.actor.ppo_mini_batch_size": "64", f"{ARO}.actor.fsdp_config.param_offload": "False",
-    f"{ARO}.actor.fsdp_config.optimizer_offload": "False", f"{ARO}.rollout.tensor_model_parallel_size": "2",
-    f"{ARO}.rollout.gpu_memory_utilization": "0.6", f"{ARO}.rollout.max_num_seqs": "256",
-    "trainer.n_gpus_per_node": "8", f"{ARO}.actor.megatron.virtual_pipeline_model_parallel_size": "null",
-    f"{ARO}.ref.megatron.virtual_pipeline_model_parallel_size": "null",
-    f"{ARO}.actor.megatron.dist_checkpointing_path": "/ckpt/mcore",
-    f"{ARO}.ref.megatron.dist_checkpointing_path": "/ckpt/mcore",
-    f"{ARO}.model.path": str(CONFIGS / "DeepSeek-V3"),  # run_deepseek671b's placeholder `<path_to_dsv3_config>`
-}
 # --model where the script's own model is a folder on the author's machine or outside autotune's table
 MODELS = {
     "run_deepseek671b_math_megatron_80gb.sh": str(CONFIGS / "DeepSeek-V3"),
@@ -62,21 +48,8 @@ REFUSED = {
 }
 
 
-def import_as_a_user_would(path: Path, environ: dict | None = None):
-    """(imported job with the `--` values applied, UserJob): one rerun with what the first error asks for."""
-    imported = import_launch_script(path, environ or ENVIRON)
-    model = MODELS.get(path.name)
-    try:
-        return imported, user_job(imported, model_name=model)
-    except ConfigError as exc:
-        message = str(exc)
-        assert "\n" not in message and "Traceback" not in message
-        remedy = re.search(r"rerun with their values after --: -- (\S+=VALUE(?: \S+=VALUE)*)", message)
-        if remedy is None:
-            raise
-        keys = [arg.split("=", 1)[0] for arg in remedy.group(1).split()]
-        imported = imported.with_arguments([f"{key}={REMEDY_VALUES[key]}" for key in keys])
-        return imported, user_job(imported, model_name=model)
+def import_as_a_user_would(path: Path):
+    return import_script(path, model_name=MODELS.get(path.name))
 
 
 @pytest.mark.parametrize("folder", FOLDERS[1:], ids=lambda f: f.name)
@@ -169,3 +142,234 @@ def test_engine_switch_exports_of_lora_and_moe_jobs_are_covered():
         engines[name] = {c.actor_engine for c in _candidates(job, job.gpus_per_node or 8, job.nodes or 1)}
     assert engines["tuning__lora__run_qwen3_8b_fsdp.sh"] == {"fsdp", "fsdp2"}  # LoRA: its engine family
     assert engines["sapo_trainer__run_qwen3_30b_a3b_fsdp.sh"] >= {"fsdp2", "megatron"}  # MoE: across engines
+
+
+# ---- the issue's defects, each a regression case ----------------------------------------------------------
+
+V090 = DATA / "verl_examples_v090"
+
+
+def _script(*keys: str, model: str = "Qwen/Qwen3-30B-A3B-Base", gpus: int = 8, nodes: int = 1,
+            before: str = "") -> str:
+    lines = ["python3 -m verl.trainer.main_ppo", "algorithm.adv_estimator=grpo", f"{ARO}.model.path={model}",
+             f"{ARO}.rollout.name=vllm",
+             "data.train_batch_size=64", f"{ARO}.actor.ppo_mini_batch_size=16", f"{ARO}.rollout.n=4",
+             f"{ARO}.actor.ppo_micro_batch_size_per_gpu=2", f"{ARO}.rollout.log_prob_micro_batch_size_per_gpu=4",
+             f"{ARO}.ref.log_prob_micro_batch_size_per_gpu=4", f"trainer.n_gpus_per_node={gpus}",
+             f"trainer.nnodes={nodes}", *keys]
+    return before + " \\\n    ".join(lines) + "\n"
+
+
+def _job(text: str, arguments=(), environ=None):
+    imported = import_launch_text(text, source="job.sh", environ=environ or ENVIRON).with_arguments(list(arguments))
+    return imported, user_job(imported)
+
+
+def _differences(imported, job, candidate, **kw):
+    from autotune.verl.semantic import judge_exports
+
+    kw = {"gpus_per_node": job.gpus_per_node, "nodes": job.nodes or 1, **kw}
+    return [d.key for d in judge_exports(imported, job, [candidate], **kw)[0][1]]
+
+
+MEGATRON = ("model_engine=megatron", f"{ARO}.actor.megatron.tensor_model_parallel_size=2")
+
+
+def test_1_a_megatron_lora_job_is_priced_as_lora_and_held_on_megatron():
+    from autotune.verl.engines import holds
+    from autotune.verl.export import verl_overrides
+
+    _, job = import_as_a_user_would(V090 / "tuning__lora__run_qwen3_30b_a3b_megatron.sh")
+    assert job.workload.lora_rank == 32  # model.lora.rank (was: full fine-tuning)
+    held = holds(job.passthrough, job.baseline.actor_engine, job.workload.lora_rank, job.baseline.rollout_tp)
+    engine = next(h for h in held if h.knob == "actor_engine")
+    assert engine.values == ("megatron",) and any(k.startswith(f"{ARO}.model.lora.") for k in engine.keys)
+    out = verl_overrides(job.model, job.workload, job.baseline, gpus_per_node=8, nodes=1, passthrough=job.passthrough)
+    assert out[f"{ARO}.model.lora.rank"] == 32 and f"{ARO}.model.lora_rank" not in out
+    fsdp_lora = holds({}, "fsdp2", 64, 2)[0]
+    assert fsdp_lora.values == ("fsdp", "fsdp2") and "LoRA" in fsdp_lora.describe()
+
+
+@pytest.mark.verl
+def test_1_the_judge_fails_an_fsdp_lora_job_exported_on_megatron():
+    from autotune.spaces.candidate import Candidate
+
+    imported, job = import_as_a_user_would(DATA / "verl_examples" / "run_qwen2_5-3b_gsm8k_grpo_lora.sh")
+    moved = Candidate(actor_engine="megatron", rollout_tp=2, ppo_micro_batch_size_per_gpu=4,
+                      log_prob_micro_batch_size_per_gpu=4, ref_log_prob_micro_batch_size_per_gpu=4)
+    assert f"{ARO}.model.lora_rank" in _differences(imported, job, moved)
+    assert not _differences(imported, job, job.baseline.with_(actor_engine="fsdp2"))
+
+
+def test_2_a_recipes_entry_point_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"python -m recipe\.dapo\.main_dapo.*verl\.trainer\.main_ppo only"):
+        import_as_a_user_would(V090 / "recipe__dapo__run_dapo_qwen2.5_32b.sh")
+
+
+MOE_LOSS = (f"+{ARO}.actor.megatron.override_transformer_config.moe_aux_loss_coeff=0.001",
+            f"+{ARO}.actor.megatron.override_transformer_config.moe_router_load_balancing_type=aux_loss")
+
+
+@pytest.mark.verl
+def test_3_moe_loss_keys_hold_megatron_and_the_judge_fails_them_on_fsdp():
+    from autotune.verl.engines import holds
+
+    imported, job = _job(_script(*MEGATRON, *MOE_LOSS))
+    hold = holds(job.passthrough, job.baseline.actor_engine, 0, job.baseline.rollout_tp)[0]
+    assert hold.values == ("megatron",) and all(k.split("=")[0].lstrip("+") in hold.keys for k in MOE_LOSS)
+    moved = _differences(imported, job, job.baseline.with_(actor_engine="fsdp2", actor_tp=1))
+    assert {k.split("=")[0].lstrip("+") for k in MOE_LOSS} <= set(moved)
+    plain_imported, plain = _job(_script(*MEGATRON))  # no loss keys: free to move, and the same training
+    assert not holds(plain.passthrough, "megatron", 0, 2)
+    assert not _differences(plain_imported, plain, plain.baseline.with_(actor_engine="fsdp2", actor_tp=1))
+
+
+def test_4_the_references_megatron_layout_follows_the_actors():
+    from autotune.verl.export import verl_overrides
+
+    _, job = _job(_script(*MEGATRON, f"{ARO}.actor.megatron.pipeline_model_parallel_size=2",
+                          f"{ARO}.ref.megatron.tensor_model_parallel_size=2",
+                          f"{ARO}.ref.megatron.pipeline_model_parallel_size=2", f"{ARO}.actor.use_kl_loss=True"))
+    moved = job.baseline.with_(actor_tp=4, actor_pp=1, actor_ep=8)
+    out = verl_overrides(job.model, job.workload, moved, gpus_per_node=8, nodes=1, passthrough=job.passthrough)
+    for leaf in ("tensor", "pipeline", "expert"):
+        key = f"megatron.{leaf}_model_parallel_size"
+        assert out[f"{ARO}.ref.{key}"] == out[f"{ARO}.actor.{key}"], key
+
+
+@pytest.mark.verl
+def test_5_the_scripts_nodes_are_the_runs(tmp_path):
+    import json
+
+    from autotune.cli import main
+
+    script = tmp_path / "job.sh"
+    script.write_text(_script(nodes=2, model="Qwen/Qwen2.5-7B-Instruct"))
+    assert main(["run", "--from", str(script), "--backend", "sim", "--trials", "2", "--out", str(tmp_path / "o")]) == 0
+    assert json.loads((tmp_path / "o" / "result.json").read_text())["nodes"] == 2
+    from autotune.verl.compose import compose_overrides
+    from autotune.verl.export import hydra_overrides, verl_overrides
+    from autotune.verl.semantic import compare, user_job_args
+
+    imported, job = _job(script.read_text())  # the export a 1-node run wrote (the defect), judged for 2 nodes
+    one_node = verl_overrides(job.model, job.workload, job.baseline, gpus_per_node=8, nodes=1,
+                              passthrough=job.passthrough)
+    diffs = compare(compose_overrides(user_job_args(imported, "fsdp")), compose_overrides(hydra_overrides(one_node, "dp")),
+                    user_engine="fsdp", export_engine="fsdp", gpus_per_node=8, nodes=2)
+    assert [d.key for d in diffs] == ["trainer.nnodes"]
+
+
+def test_6_a_run_name_the_shell_computes_is_asked_for_and_kept():
+    text = _script("trainer.experiment_name=grpo_$(date +%Y%m%d)", model="Qwen/Qwen2.5-7B-Instruct")
+    with pytest.raises(ConfigError, match=r"rerun with their values after --: -- trainer\.experiment_name=VALUE"):
+        _job(text)
+    imported, job = _job(text, ["trainer.experiment_name=grpo_1204"])
+    assert job.passthrough["trainer.experiment_name"] == "grpo_1204" and not imported.unresolved_keys
+
+
+@pytest.mark.verl
+def test_6_7_the_judge_fails_an_export_that_drops_a_computed_key():
+    from dataclasses import replace
+
+    text = _script("trainer.experiment_name=grpo_$(date +%Y%m%d)", "data.train_files=$DATA/train.parquet",
+                   model="Qwen/Qwen2.5-7B-Instruct")
+    imported = import_launch_text(text, source="job.sh", environ=ENVIRON)
+    _, job = _job(text, ["trainer.experiment_name=x", "data.train_files=/d/train.parquet"])
+    dropped = replace(job, passthrough={k: v for k, v in job.passthrough.items() if k != "trainer.experiment_name"})
+    assert {"trainer.experiment_name", "data.train_files"} <= set(_differences(imported, dropped, job.baseline))
+
+
+def test_7_data_files_from_an_array_element_are_read_and_unknown_ones_asked_for():
+    _, job = _job(_script('data.train_files="[\'${FILES[0]}\']"', model="Qwen/Qwen2.5-7B-Instruct",
+                          before="FILES=(/d/a.parquet /d/b.parquet)\n"))
+    assert job.workload.train_files == ["/d/a.parquet"]
+    with pytest.raises(ConfigError, match=r"-- data\.val_files=VALUE"):
+        _job(_script("data.val_files=$EVAL_FILES", model="Qwen/Qwen2.5-7B-Instruct"))
+
+
+ROLLOUT_EP = (f"{ARO}.rollout.tensor_model_parallel_size=4", f"{ARO}.rollout.data_parallel_size=2",
+              f"{ARO}.rollout.expert_parallel_size=8")
+
+
+@pytest.mark.verl_judge
+def test_8_a_rollout_with_data_and_expert_parallelism_holds_its_tp_and_verl_accepts_every_candidate():
+    from autotune.verl.engines import holds
+    from autotune.verl.judge import judge_candidates, sample_space
+
+    _, job = _job(_script(*ROLLOUT_EP))
+    held = holds(job.passthrough, job.baseline.actor_engine, 0, job.baseline.rollout_tp)
+    assert [(h.knob, h.values) for h in held] == [("rollout_tp", (4,))]
+    candidates = [job.baseline] + sample_space(job.model, job.workload, 8, 1, {}, 6, seed=2, holds=held)
+    assert {c.rollout_tp for c in candidates} == {4}
+    rows = judge_candidates("ep", job.model, job.workload, 8, 1, candidates, passthrough=job.passthrough)
+    assert all(r["agree"] for r in rows) and rows[0]["verl"] is None
+
+
+def test_9_the_remedy_after_dashdash_satisfies_the_key_it_names():
+    imported = import_launch_text(_script(f"{ARO}.rollout.gpu_memory_utilization=$UTIL"), source="job.sh")
+    assert imported.unresolved_keys == (f"{ARO}.rollout.gpu_memory_utilization",)
+    fixed = imported.with_arguments([f"{ARO}.rollout.gpu_memory_utilization=0.55"])
+    assert not fixed.unresolved_keys and user_job(fixed).baseline.gpu_memory_utilization == 0.55
+
+
+def test_9_a_case_block_runs_the_branch_its_known_subject_selects():
+    case = ('DEVICE=${DEVICE:-$(python3 -c "import torch_npu" && echo npu || echo gpu)}\n'
+            'case "${DEVICE}" in\n  gpu)\n    TP=4\n    ;;\n  npu) TP=8 ;;\nesac\n')
+    text = _script(f"{ARO}.rollout.tensor_model_parallel_size=$TP", before=case)
+    assert _job(text, environ={**ENVIRON, "DEVICE": "gpu"})[1].baseline.rollout_tp == 4
+    imported = import_launch_text(text, source="job.sh", environ=ENVIRON)
+    assert imported.unresolved_keys == (f"{ARO}.rollout.tensor_model_parallel_size",)
+
+
+def test_9_uneven_pipeline_stages_are_megatrons_and_the_users_own_split_is_kept():
+    from autotune.spaces.layout import ParallelLayout
+    from autotune.verl.export import verl_overrides
+    from autotune.verl.rules import check
+
+    _, job = import_as_a_user_would(V090 / "grpo_trainer__run_qwen3_235b_a22b_megatron.sh")
+    assert (job.model.num_layers, job.baseline.actor_pp) == (94, 8)
+    layout = ParallelLayout.of(job.baseline, job.workload, gpus_per_node=8, nodes=8)
+    assert not [v for v in check(job.model, job.workload, job.baseline, layout) if "layers" in v.rule]
+    otc = f"{ARO}.actor.megatron.override_transformer_config"
+    own = verl_overrides(job.model, job.workload, job.baseline, gpus_per_node=8, nodes=8, passthrough=job.passthrough)
+    assert (own[f"{otc}.num_layers_in_first_pipeline_stage"], own[f"{otc}.num_layers_in_last_pipeline_stage"]) == (11, 11)
+    pp4 = verl_overrides(job.model, job.workload, job.baseline.with_(actor_pp=4), gpus_per_node=8, nodes=8,
+                         passthrough=job.passthrough)
+    first, last = pp4[f"{otc}.num_layers_in_first_pipeline_stage"], pp4[f"{otc}.num_layers_in_last_pipeline_stage"]
+    assert first + last + 2 * ((94 - first - last) // 2) == 94 and (94 - first - last) % 2 == 0
+    _, ds = import_as_a_user_would(V090 / "grpo_trainer__run_deepseek_v3_671b_megatron.sh")
+    ds_layout = ParallelLayout.of(ds.baseline, ds.workload, gpus_per_node=ds.gpus_per_node, nodes=ds.nodes or 1)
+    assert not [v for v in check(ds.model, ds.workload, ds.baseline, ds_layout) if "layers" in v.rule]
+
+
+@pytest.mark.verl
+def test_9_a_saved_hydra_config_with_null_micro_batches_imports(tmp_path):
+    from omegaconf import OmegaConf
+
+    from autotune.verl.compose import compose_overrides
+    from autotune.verl.launch_script import import_config_yaml
+
+    saved = tmp_path / "config.yaml"
+    OmegaConf.save(compose_overrides([f"{ARO}.model.path=Qwen/Qwen2.5-7B-Instruct", f"{ARO}.actor.use_dynamic_bsz=True",
+                                      f"{ARO}.rollout.log_prob_use_dynamic_bsz=True"]), saved)
+    job = user_job(import_config_yaml(saved))  # every micro-batch key is null there
+    assert job.baseline.use_dynamic_bsz
+    _, legacy = _job(_script(f"{ARO}.actor.ppo_micro_batch_size=null", model="Qwen/Qwen2.5-7B-Instruct"))
+    assert legacy.baseline.ppo_micro_batch_size_per_gpu == 2
+
+
+def test_9_dashdash_arguments_take_the_place_of_the_scripts_own():
+    key = f"{ARO}.rollout.gpu_memory_utilization"
+    before = import_launch_text(f'python3 -m verl.trainer.main_ppo "$@" {key}=0.5\n', source="a.sh")
+    after = import_launch_text(f'python3 -m verl.trainer.main_ppo {key}=0.5 "$@"\n', source="b.sh")
+    assert before.with_arguments([f"{key}=0.7"]).overrides[key] == "0.5"  # the script's later key wins in Hydra
+    assert after.with_arguments([f"{key}=0.7"]).overrides[key] == "0.7"
+    assert "$@" not in after.with_arguments([f"{key}=0.7"]).unresolved
+
+
+def test_9_sglang_and_a_strategy_only_megatron_job_are_said():
+    _, job = _job(_script(f"{ARO}.rollout.name=sglang", f"{ARO}.actor.strategy=megatron",
+                          f"{ARO}.actor.megatron.tensor_model_parallel_size=2"))
+    notes = " ".join(job.notes)
+    assert "rollout.name=sglang" in notes and "vLLM" in notes
+    assert "model_engine=megatron" in notes and job.baseline.actor_engine == "megatron"
