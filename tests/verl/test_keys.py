@@ -60,8 +60,11 @@ def _script(args: list[str]) -> str:
 @pytest.mark.parametrize("setup", sorted(SETUPS))
 def test_import_of_export_is_the_candidate_and_workload(setup):
     model_name, gpn, nodes, workload, fixed = SETUPS[setup]
+    from autotune.verl.engines import holds
+
     model = get_model(model_name)
-    space = SearchSpace.build(model, workload, gpus_per_node=gpn, nodes=nodes, fixed=fixed)
+    held = holds({}, fixed.get("actor_engine", "fsdp"), workload.lora_rank)  # a LoRA job keeps its engine family
+    space = SearchSpace.build(model, workload, gpus_per_node=gpn, nodes=nodes, fixed=fixed, holds=held)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=7))
     for _ in range(40):
@@ -90,7 +93,7 @@ def test_shared_optimizer_fields_are_verls_base_optimizer_config():
     from verl.base_config import BaseConfig
     from verl.workers.config.optimizer import FSDPOptimizerConfig, McoreOptimizerConfig, OptimizerConfig
 
-    from autotune.verl.keys import SHARED_OPTIM_FIELDS
+    from autotune.verl.engines import SHARED_OPTIM_FIELDS
 
     base = {f.name for f in fields(OptimizerConfig)} - {f.name for f in fields(BaseConfig)}  # less `_target_`
     assert SHARED_OPTIM_FIELDS == base
