@@ -252,7 +252,7 @@ def check_cluster(gpus: int, nodes: int) -> None:
         raise ConfigError(f"--nodes must be at least 1 and at most {MAX_NODES}, but got --nodes {nodes}")
 
 
-def load_user_job(path: Path, overrides: list[str], model_name: str | None):
+def load_user_job(path: Path, overrides: list[str], model_name: str | None, *, exporting: bool = True):
     """The user's own verl job (launch script or YAML), plus Hydra overrides given after --."""
     from autotune.verl.job_import import user_job
     from autotune.verl.launch_script import import_config_yaml, import_launch_script
@@ -262,7 +262,7 @@ def load_user_job(path: Path, overrides: list[str], model_name: str | None):
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise ConfigError(f"overrides after -- must look like key=value, but got {bad[0]!r}")
-    return user_job(imported.with_arguments(list(overrides)), model_name=model_name)
+    return user_job(imported.with_arguments(list(overrides)), model_name=model_name, exporting=exporting)
 
 
 def cmd_estimate(args) -> int:
@@ -275,7 +275,7 @@ def cmd_estimate(args) -> int:
         return _estimate_flags(args)
     if args.config is not None:
         raise ConfigError("--config gives the workload only without --from; the workload comes from --from")
-    job = load_user_job(args.from_job, args.overrides, args.model)
+    job = load_user_job(args.from_job, args.overrides, args.model, exporting=False)
     gpus = args.gpus if args.gpus is not None else job.gpus_per_node
     nodes = args.nodes if args.nodes is not None else (job.nodes or 1)
     if gpus is None or gpus < 1 or nodes < 1:

@@ -89,6 +89,7 @@ SPEED_ONLY_ENGINE_KEYS = {
     "pad_to_length": "pads micro-batches to a fixed length (speed)",
     "use_remove_padding": "the FSDP actor's copy of model.use_remove_padding, a searched knob",
     "checkpoint.mbridge_config": "how Megatron-Bridge saves checkpoints",
+    "nccl_timeout": "the Megatron critic's collective timeout (GRPO has no critic)",
 }
 
 
@@ -118,7 +119,7 @@ ENGINE_OWN = {
     "fsdp": ("fsdp_config.", "fsdp.", "ulysses_sequence_parallel_size", "strategy", "grad_clip",
              "entropy_checkpointing", "pad_to_length", "use_remove_padding", "forward_micro_batch_size",
              "forward_micro_batch_size_per_gpu"),
-    "megatron": ("megatron.", "checkpoint.mbridge_config"),
+    "megatron": ("megatron.", "checkpoint.mbridge_config", "nccl_timeout"),
 }
 
 
@@ -149,16 +150,11 @@ class Hold(NamedTuple):
     keys: tuple[str, ...]
     why: str
 
-    @property
-    def engines(self) -> tuple:  # the engine hold's values, under the name the search space reads
-        return self.values
-
     def describe(self) -> str:
         return f"{self.knob} held at {'/'.join(map(str, self.values))}: your job sets {', '.join(self.keys)} ({self.why})"
 
 
 _SYSTEM_KEYS = frozenset(row.verl_key for row in TABLE if row.kind in ("knob", "derived"))
-
 
 
 def holds(passthrough: dict, engine: str, lora_rank: int = 0, rollout_tp: int | None = None) -> tuple[Hold, ...]:
@@ -168,7 +164,8 @@ def holds(passthrough: dict, engine: str, lora_rank: int = 0, rollout_tp: int | 
     out = []
     optim = [k for k in passthrough if any(k.startswith(s) for s in OPTIM_SECTIONS)
              and k.split(".optim.", 1)[1].split(".")[0] not in SHARED_OPTIM_FIELDS]
-    section = [k for k in passthrough if engine_own(k) is not None and k not in _SYSTEM_KEYS and not speed_only(k)]
+    family = "megatron" if engine == "megatron" else "fsdp"
+    section = [k for k in passthrough if engine_own(k) == family and k not in _SYSTEM_KEYS and not speed_only(k)]
     why = []
     if optim:
         why.append("optimizer keys the other engine's optimizer config has no exact counterpart for: verl "
@@ -176,8 +173,8 @@ def holds(passthrough: dict, engine: str, lora_rank: int = 0, rollout_tp: int | 
     if section:
         why.append("engine settings that change the training and that the other engine has no key for: verl "
                    "workers/config/engine.py")
-    lora = [k for k in passthrough if k.startswith(f"{M}.lora.")] or (
-        [f"{M}.lora.rank" if engine == "megatron" else f"{M}.lora_rank"] if lora_rank else [])
+    rank_key = f"{M}.lora.rank" if engine == "megatron" else f"{M}.lora_rank"
+    lora = ([rank_key] + [k for k in passthrough if k.startswith(f"{M}.lora.")]) if lora_rank > 0 else []
     if lora:
         why.append("LoRA: verl's FSDP engine builds PEFT adapters from model.lora_rank (engine/fsdp/transformer_impl"
                    ".py:162, 368), its Megatron engine Megatron-Bridge adapters from model.lora.* (workers/config/"

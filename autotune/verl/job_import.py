@@ -74,8 +74,10 @@ def _typed(field: str, key: str, value):
     raise ConfigError(f"{key}={value!r}: expected {expected} for {field}")
 
 
-def user_job(imported, *, model_name: str | None = None) -> UserJob:
-    """Split an ImportedJob (autotune/verl/launch_script.py) into workload, baseline and passthrough.
+def user_job(imported, *, model_name: str | None = None, exporting: bool = True) -> UserJob:
+    """Split an ImportedJob (autotune/verl/launch_script.py) into workload, baseline and passthrough. `exporting`:
+    the job will be exported (run, export, train), so every key the shell computes is asked for; an estimate asks
+    only for those it models.
 
     Every key that cannot be read is collected and reported in one ConfigError, so a script needs one
     fix-and-rerun, not one per key. Passthrough values the shell computes are reported and left out of the
@@ -155,9 +157,12 @@ def user_job(imported, *, model_name: str | None = None) -> UserJob:
         raw = str(imported.overrides.get(key, value))
         if key in dropped:
             # never exported as text (Hydra would read `${X}` as an interpolation, `$(date)` as a name) nor dropped
-            # (a run name or a data file the export loses changes what runs): its value is asked for
-            if bare != path_key:
+            # (a run name or a data file the export loses changes what runs): its value is asked for, unless nothing
+            # is exported (`estimate`) and nothing modelled depends on it
+            if bare != path_key and (exporting or (row is not None and row.field)):
                 computed[bare] = raw
+            elif bare != path_key:
+                unresolved.append(f"{key} (computed by the shell: {raw}; not needed for an estimate)")
             continue
         if bare in NOT_IN_VERL:
             unresolved.append(f"{bare} ({NOT_IN_VERL[bare]}; dropped)")

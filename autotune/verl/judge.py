@@ -185,7 +185,7 @@ class _LazyComposer:
         return self._composer(overrides)
 
 
-_COMPOSER = _LazyComposer()
+COMPOSER = _LazyComposer()
 
 
 def our_config_verdict(model, workload, candidate, *, gpus_per_node: int, nodes: int) -> list:
@@ -288,12 +288,31 @@ def judge_script(path, n_candidates: int, *, seed: int = 0, model_name: str | No
                             passthrough=job.passthrough)
 
 
+def script_candidates(job, gpn: int, nodes: int, *, sampled: int = 2, per_engine: int = 1, seed: int = 3) -> list:
+    """A user's job's own configuration, candidates of its search space, and candidates on each other engine it may
+    move to (FSDP <-> FSDP2 <-> Megatron), with the holds the driver builds its space with."""
+    from autotune.errors import ConfigError
+    from autotune.verl.engines import holds
+
+    held = holds(job.passthrough, job.baseline.actor_engine, job.workload.lora_rank, job.baseline.rollout_tp)
+    out = [job.baseline] + sample_space(job.model, job.workload, gpn, nodes, {}, sampled, seed=seed, holds=held)
+    allowed = next((h.values for h in held if h.knob == "actor_engine"), ("fsdp", "fsdp2", "megatron"))
+    for engine in allowed:
+        if engine != job.baseline.actor_engine:
+            try:
+                out += sample_space(job.model, job.workload, gpn, nodes, {"actor_engine": engine}, per_engine,
+                                    seed=seed + 2, holds=held)
+            except ConfigError:  # the engine cannot run this model here (no Megatron layout fits, say)
+                pass
+    return out
+
+
 def judge_candidates(name: str, model, workload, gpn: int, nodes: int, candidates, *,
                      passthrough: dict | None = None, fast: bool = True) -> list[dict]:
     from autotune.errors import ConfigError
     from autotune.verl.export import hydra_overrides, model_engine, verl_overrides
 
-    compose = _COMPOSER
+    compose = COMPOSER
     rows = []
     for candidate in candidates:
         ours = our_config_verdict(model, workload, candidate, gpus_per_node=gpn, nodes=nodes)
@@ -383,13 +402,13 @@ def refused_as_written(imported, job) -> str | None:
     from autotune.verl.export import hydra_overrides, model_engine, verl_overrides
     from autotune.verl.semantic import user_job_args
 
-    as_written = verdict_config(_COMPOSER(user_job_args(imported, job.baseline.actor_engine)), private=True, fast=True)
+    as_written = verdict_config(COMPOSER(user_job_args(imported, job.baseline.actor_engine)), private=True, fast=True)
     if as_written is None:
         return None
     gpn, nodes = job.gpus_per_node or 8, job.nodes or 1
     export = verl_overrides(job.model, job.workload, job.baseline, gpus_per_node=gpn, nodes=nodes,
                             passthrough=job.passthrough)
-    exported = verdict_config(_COMPOSER(hydra_overrides(export, model_engine(job.baseline))), private=True, fast=True)
+    exported = verdict_config(COMPOSER(hydra_overrides(export, model_engine(job.baseline))), private=True, fast=True)
     return as_written if exported == as_written else None
 
 

@@ -165,11 +165,10 @@ def compare(user_cfg, export_cfg, *, user_engine: str, export_engine: str, gpus_
 def judge_exports(imported, job, candidates, *, gpus_per_node: int, nodes: int, composer=None) -> list[tuple]:
     """(candidate, differences, composed export) for each candidate's export against the user's job `imported` (an
     ImportedJob, with any `--` values applied) as autotune read it (`job`, a UserJob)."""
-    from autotune.verl.compose import Composer
     from autotune.verl.export import hydra_overrides, model_engine, verl_overrides
-    from autotune.verl.judge import interpolation_parses_cached
+    from autotune.verl.judge import COMPOSER, interpolation_parses_cached
 
-    compose = composer or Composer()
+    compose = composer or COMPOSER
     user_engine = job.baseline.actor_engine
     out = []
     with interpolation_parses_cached():

@@ -364,7 +364,7 @@ def test_9_the_held_engine_is_said_in_the_export_header():
 
     job = _job(*MEGATRON_OPTIM)
     hold = engine_hold(job.passthrough, job.baseline.actor_engine)
-    assert hold.engines == ("megatron",)
+    assert hold.values == ("megatron",)
     assert f"{ARO}.actor.optim.lr_decay_style" in hold.keys and f"{ARO}.actor.optim.lr" not in hold.keys
     assert "lr_decay_style" in hold.describe() and "megatron" in hold.describe()
     from autotune.verl.export import export_header

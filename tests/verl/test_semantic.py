@@ -16,7 +16,7 @@ import pytest
 
 from autotune.errors import ConfigError
 from autotune.verl.job_import import user_job
-from autotune.verl.judge import ENVIRON, import_script, script_model
+from autotune.verl.judge import ENVIRON, import_script, script_candidates, script_model
 from autotune.verl.launch_script import import_launch_text
 
 DATA = Path(__file__).parents[1] / "data"
@@ -60,25 +60,6 @@ def test_every_script_imports_with_its_remedy_or_is_refused_in_one_line(path):
                          else None)
 
 
-def _candidates(job, gpn: int, nodes: int) -> list:
-    """The job's own configuration, candidates of its search space, and one candidate on each other engine it may
-    move to (FSDP <-> FSDP2 <-> Megatron), as the driver builds its space."""
-    from autotune.verl.engines import holds
-    from autotune.verl.judge import sample_space
-
-    held = holds(job.passthrough, job.baseline.actor_engine, job.workload.lora_rank, job.baseline.rollout_tp)
-    out = [job.baseline] + sample_space(job.model, job.workload, gpn, nodes, {}, 2, seed=3, holds=held)
-    allowed = next((h.values for h in held if h.knob == "actor_engine"), ("fsdp", "fsdp2", "megatron"))
-    for engine in allowed:
-        if engine != job.baseline.actor_engine:
-            try:
-                out += sample_space(job.model, job.workload, gpn, nodes, {"actor_engine": engine}, 1, seed=5,
-                                    holds=held)
-            except ConfigError:  # the engine cannot run this model here (no Megatron layout fits, say)
-                pass
-    return out
-
-
 IMPORTED = [p for p in SCRIPTS if p.name not in REFUSED]
 # jobs verl 0.9.1 itself refuses as written, and why (each is checked to be refused for that reason)
 REFUSED_AS_WRITTEN = {
@@ -94,13 +75,13 @@ REFUSED_AS_WRITTEN = {
 def test_every_export_is_the_same_training_and_verl_agrees_with_our_rules(path):
     """The semantic judge on every script; verl's own start-up checks on the new fixtures' exports (the older
     fixtures' are judged by tests/verl/test_judge.py), from the same composed configs."""
-    from autotune.verl.judge import _COMPOSER, our_config_verdict, refused_as_written, verdict_config
+    from autotune.verl.judge import COMPOSER, our_config_verdict, refused_as_written, verdict_config
     from autotune.verl.semantic import judge_exports
 
     imported, job = import_as_a_user_would(path)
     gpn, nodes = job.gpus_per_node or 8, job.nodes or 1
-    judged = judge_exports(imported, job, _candidates(job, gpn, nodes), gpus_per_node=gpn, nodes=nodes,
-                           composer=_COMPOSER)
+    judged = judge_exports(imported, job, script_candidates(job, gpn, nodes), gpus_per_node=gpn, nodes=nodes,
+                           composer=COMPOSER)
     changed = [(c.actor_engine, [str(d) for d in diffs]) for c, diffs, _ in judged if diffs]
     assert not changed, changed[:3]
     if path.parent.name != "verl_examples_v090":
@@ -118,12 +99,28 @@ def test_every_export_is_the_same_training_and_verl_agrees_with_our_rules(path):
     assert rows[0][1] is None, rows[0][1]  # the user's own job, as exported, starts
 
 
+@pytest.mark.verl
+def test_the_engine_tables_are_verls_own_configs():
+    """verl/engines.py against verl 0.9.1's composed configs with and without model_engine=megatron: every key both
+    declare with other defaults is declared, and every key of a role only one engine declares is that engine's."""
+    from autotune.verl.engines import ENGINE_DEFAULT_DIFFERENCES, OPTIM_SECTIONS, engine_own
+    from autotune.verl.semantic import engine_defaults
+
+    fsdp, megatron = engine_defaults("fsdp")[1], engine_defaults("megatron")[1]
+    differ = {k for k in set(fsdp) & set(megatron) if fsdp[k] != megatron[k]}
+    assert differ <= set(ENGINE_DEFAULT_DIFFERENCES), sorted(differ - set(ENGINE_DEFAULT_DIFFERENCES))
+    roles = (f"{ARO}.actor.", f"{ARO}.ref.", "critic.")
+    for family, own, other in (("fsdp", fsdp, megatron), ("megatron", megatron, fsdp)):
+        only = {k for k in set(own) - set(other) if k.startswith(roles) and not k.startswith(OPTIM_SECTIONS)}
+        assert only and all(engine_own(k) == family for k in only), sorted(k for k in only if engine_own(k) != family)
+
+
 def test_engine_switch_exports_of_lora_and_moe_jobs_are_covered():
     engines = {}
     for name in ("tuning__lora__run_qwen3_8b_fsdp.sh", "sapo_trainer__run_qwen3_30b_a3b_fsdp.sh",
                  "grpo_trainer__run_qwen3_30b_a3b_fsdp.sh"):
         _, job = import_as_a_user_would(DATA / "verl_examples_v090" / name)
-        engines[name] = {c.actor_engine for c in _candidates(job, job.gpus_per_node or 8, job.nodes or 1)}
+        engines[name] = {c.actor_engine for c in script_candidates(job, job.gpus_per_node or 8, job.nodes or 1)}
     assert engines["tuning__lora__run_qwen3_8b_fsdp.sh"] == {"fsdp", "fsdp2"}  # LoRA: its engine family
     assert engines["sapo_trainer__run_qwen3_30b_a3b_fsdp.sh"] >= {"fsdp2", "megatron"}  # MoE: across engines
 
