@@ -25,6 +25,7 @@ from autotune.spaces.candidate import Candidate
 from autotune.spaces.layout import ParallelLayout
 from autotune.workload import Workload
 from autotune.verl.rollout import effective_batched_tokens
+from autotune.verl.pipeline_split import largest_stage_layers
 from autotune.verl.roles import need_reference_policy, separate_reference
 
 BF16 = 2
@@ -292,7 +293,8 @@ def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Ca
     optim_resident = 0.0 if cand.optimizer_offload else state.optimizer
     weights_resident = 0.0 if cand.param_offload else state.weights
     split = _token_split(cand)
-    layers_on_rank = model.num_layers / (cand.actor_pp if cand.is_megatron else 1)
+    # the fullest stage of an uneven split (verl/pipeline_split.py) holds ceil(L/PP)-ish layers, not L/PP
+    layers_on_rank = largest_stage_layers(model.num_layers, cand.actor_pp) if cand.is_megatron else model.num_layers
     vocab_split = cand.actor_tp if cand.is_megatron else 1
     sleeping_vllm = k.rollout.sleep_residual_gib * GIB
 

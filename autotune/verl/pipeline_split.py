@@ -73,3 +73,13 @@ def derived_split(num_layers: int, pp: int) -> Split | None:
         if rest >= 2:
             return Split(first=rest // 2, last=rest - rest // 2)
     return None
+
+
+def largest_stage_layers(num_layers: int, pp: int) -> float:
+    """Layers on the fullest pipeline stage: L/PP evenly, else the largest stage of autotune's split (the memory
+    model sizes a rank's activations by it)."""
+    split = derived_split(num_layers, pp)
+    if split is None:
+        return num_layers / pp
+    middle = (num_layers - split.first - split.last) // (pp - 2) if pp > 2 else 0
+    return float(max(split.first, split.last, middle))
