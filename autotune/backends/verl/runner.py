@@ -27,6 +27,7 @@ from autotune.backends.select import knob_package_missing, knobs_held_off
 from autotune.verl.failures import FailureKind, classify_failure
 from autotune.verl.metrics import THROUGHPUT_KEY, JsonlTail, StepMetrics, parse_console_line, summarize
 from autotune.verl.export import best_yaml_text, model_engine, verl_overrides
+from autotune.verl.stages import StageClock
 
 PROBE_CONFIG_NAME = "probe"
 PGID_FILE = "probe.pgid"  # the live probe's process group, for clean-up after a killed tuner
@@ -105,10 +106,18 @@ class _StepStream:
         self.steps: dict[int, StepMetrics] = {}
         self.arrived_s: dict[int, float] = {}
         self.pruned_at: tuple[int, float] | None = None
+        self.started_s = time.monotonic()  # made just before the launch
+        self.clock = StageClock()
 
     def on_output(self, line: str) -> bool:
+        self.clock.see(line, time.monotonic() - self.started_s)
         found = [s for s in (parse_console_line(line),) if s is not None] + self.tail.read_new()
         return self._add(found)
+
+    def stage_s(self, wall_s: float) -> dict[str, float]:
+        """Seconds from the launch to each start-up stage, each step (as it arrived) and the end."""
+        steps = {f"step{k}": round(t - self.started_s, 2) for k, t in sorted(self.arrived_s.items())}
+        return {**self.clock.seconds, **steps, "end": round(wall_s, 2)}
 
     def poll(self) -> bool:
         """Called by the watchdog: read the JSONL file even when the console is quiet; True to stop."""
@@ -188,7 +197,8 @@ class VerlRunner(ProbeRunner):
                                                           for k, v in s.metrics.items() if k.startswith("timing_s/")})
                    for s in steps if s.step in stream.arrived_s]
         extra = {"log_path": str(log_path), "reserved_mem_gib": summary.reserved_mem_gib,
-                 "verl_max_allocated_gib": summary.peak_mem_gib, "probe_wall_s": outcome.wall_s}
+                 "verl_max_allocated_gib": summary.peak_mem_gib, "probe_wall_s": outcome.wall_s,
+                 "stage_s": stream.stage_s(outcome.wall_s)}
         # The probe's peak is the device's, as the memory model predicts it and as an OOM sees it. verl's
         # perf/max_memory_allocated_gb is the trainer process alone: vLLM's weights and KV cache live in the
         # rollout server's process (H200 study 2026-12-03: verl said 28.8 GiB, the GPU held 89.8).

@@ -101,6 +101,12 @@ def test_successful_probe_scores_the_median_of_timed_steps(tmp_path):
     assert result.tokens_per_s_per_gpu == pytest.approx(1250.0) and not result.simulated
     assert result.mfu == pytest.approx(0.325) and result.peak_mem_gib == pytest.approx(43.0)
     assert result.phase_s["gen"] == pytest.approx(1.5) and result.series["perf/throughput"] == [1200.0, 1300.0]
+    # where the probe's time went: each start-up stage, each step and the end, in launch order (issue 28 item 1)
+    stage_s = result.extra["stage_s"]
+    assert list(stage_s) == ["ray_up", "dataloader", "workers_created", "engines_ready", "vllm_ready", "rollout_ready",
+                             "ready_to_fit", "step1", "step2", "step3", "end"], stage_s
+    assert list(stage_s.values()) == sorted(stage_s.values())
+    assert stage_s["end"] == pytest.approx(result.extra["probe_wall_s"], abs=0.01)
     seen = _invocation(tmp_path)
     assert "RAY_ADDRESS" not in seen["env"], "a stray Ray cluster must never be joined"
     assert (tmp_path / "run" / "probe.log").read_text().count("\x1b[0m step:") == 3

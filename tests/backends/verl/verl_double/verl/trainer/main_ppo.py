@@ -30,6 +30,17 @@ def main():
     metrics = open(metrics_path, "wb", buffering=0)  # verl opens it "wb" too
     prefix = "\x1b[36m(TaskRunnerV1 pid=4242)\x1b[0m "
     print("(TaskRunnerV1 pid=4242) Using LocalLogger is deprecated", flush=True)
+    # the start-up lines Ray, verl and vLLM print (from benchmarks/results/h200-2026-12-03-verl-2/trial0-probe.log)
+    for line in ("2026-12-03 10:24:50,077\tINFO worker.py:2038 -- Started a local Ray instance.",
+                 prefix + "INFO:2026-12-03 10:25:50,413:train and validate dataloader initialized, train dataset size: 64",
+                 prefix + "INFO:2026-12-03 10:25:53,913:create worker group dict_keys(['actor_rollout_ref'])",
+                 prefix + "INFO:2026-12-03 10:26:32,580:actor and ref model engine initialized",
+                 "\x1b[36m(vLLMHttpServer pid=2818)\x1b[0m (EngineCore pid=2920) INFO 12-03 10:28:47 [core.py:344] init "
+                 "engine (profile, create kv cache, warmup model) took 14.61 s",
+                 prefix + "INFO:2026-12-03 10:28:52,012:checkpoint engine manager initialized",
+                 prefix + "INFO:2026-12-03 10:28:52,134:all initialize finished, ready to fit"):
+        print(line, flush=True)
+        time.sleep(0.01)
     if scenario == "spawn":  # grandchildren like Ray workers, then hang
         for _ in range(2):
             mark = os.environ.get("AUTOTUNE_VERL_DOUBLE_MARK", "")
