@@ -381,7 +381,10 @@ def cmd_run(args) -> int:
     if not args.quiet:
         from autotune.search.driver import finished_count
 
+        from autotune.storage.cost import describe
+
         print(status_line(doc, cfg.trials, finished_count(study)))
+        print(describe(doc["tuning_cost"], doc["payback"]))
     if doc["best"] is None:
         print(f"no feasible configuration found in {doc['trials_total']} trials; nothing exported "
               f"(see `autotune show --out {args.out}`)")

@@ -98,11 +98,13 @@ def print_trials(study: optuna.Study) -> None:
                       "" if r.mfu is None else f"{r.mfu:.3f}",
                       "" if r.peak_mem_gib is None else f"{r.peak_mem_gib:.1f}", detail)
     _console.print(table)
-    timed = [(r.number, r.user_attrs["stage_s"]) for r in recs if r.user_attrs.get("stage_s")]
-    if timed:  # verl probes: where each launch's time went (autotune/verl/stages.py)
+    timed = [r for r in recs if r.user_attrs.get("stage_s")]
+    if timed:  # where each launch's time went (autotune/verl/stages.py; the sim's are its own prior, labelled)
         _console.print("where each probe's time went, seconds from its launch:", markup=False)
-        for number, seconds in timed:
-            _console.print(f"  trial {number}: {describe_stages(seconds)}", markup=False, soft_wrap=True)
+        for r in timed:
+            label = " (SIMULATED)" if r.user_attrs.get("simulated") else ""
+            _console.print(f"  trial {r.number}{label}: {describe_stages(r.user_attrs['stage_s'])}", markup=False,
+                           soft_wrap=True)
     label = baseline_label(study)
     base_text = "your job (baseline)" if label == "your job" else "verl's default configuration (baseline)"
     _console.print(f"* {base_text}" + ("; d verl's default configuration" if default else "")

@@ -19,9 +19,13 @@ from autotune.model.cost import estimate_step_time
 from autotune.model.memory import estimate_memory
 from autotune.spaces.layout import ParallelLayout
 
-# What a real probe costs before its first step: Ray start, model load, vLLM start and CUDA-graph
-# capture. A prior (verl issue threads report 1-5 minutes); used for the simulated GPU-hour budget.
-SIMULATED_STARTUP_S = 180.0
+# What a real verl probe costs beside its steps, measured on the H200 studies of 2026-12-03 (1.5B shapes, 1 GPU;
+# benchmarks/probe_stages.py, results/probe_stages.txt, median of the 4 probes that ran both steps): 212 s from Ray's
+# first stamp to ready-to-fit (the TaskRunner, the model's load and wrap, vLLM's start) plus 21 s from one probe's last
+# step to the next one's first stamp (teardown, the next process start); the warm-up step took 2.1x the timed one
+# (93 s against 44 s). Larger models start slower; the simulated GPU-hour budget and tuning cost use these.
+SIMULATED_STARTUP_S = 232.0
+SIMULATED_WARMUP_FACTOR = 2.1
 
 
 class SimRunner(ProbeRunner):
@@ -59,14 +63,20 @@ class SimRunner(ProbeRunner):
             if report(i, tokens_per_s):
                 raise ProbePruned(i, tokens_per_s)
         median = statistics.median(series)  # gpt-fast style: median of the timed steps
-        wall_s = SIMULATED_STARTUP_S + (request.warmup_steps + request.timed_steps) * step.step_s
+        warmup_s = SIMULATED_WARMUP_FACTOR * step.step_s
+        ends = [SIMULATED_STARTUP_S + warmup_s * min(i, request.warmup_steps)
+                + step.step_s * max(i - request.warmup_steps, 0)
+                for i in range(1, request.warmup_steps + request.timed_steps + 1)]
+        wall_s = ends[-1]
         return ProbeResult(
             tokens_per_s_per_gpu=median, mfu=step.mfu_actor, peak_mem_gib=mem.peak_gib,
             step_s=step.step_s, phase_s=dict(step.phase_s), simulated=True,
             series={"perf/throughput": series, "timing_s/step": [step.step_s] * len(series)},
             extra={"memory_phase_gib": mem.phase_peak_gib, "memory_components_gib": mem.components_gib,
                    "kv_cache_gib": mem.kv_cache_gib, "rollout_concurrency": step.rollout_concurrency,
-                   "probe_wall_s": wall_s},
+                   "probe_wall_s": wall_s,
+                   "stage_s": {"ready_to_fit": SIMULATED_STARTUP_S,
+                               **{f"step{i}": round(t, 2) for i, t in enumerate(ends, 1)}, "end": round(wall_s, 2)}},
         )
 
     def _noise(self) -> float:

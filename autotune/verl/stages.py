@@ -100,7 +100,7 @@ def describe_stages(seconds: dict[str, float]) -> str:
     steps = [k for k in _ordered(seconds) if k.startswith("step")]
     if len(steps) >= 2 and seconds.get("end"):
         timed = seconds[steps[-1]] - seconds[steps[-2]]
-        marks += f" (timed step {timed:.0f} s, {100 * timed / seconds['end']:.0f}% of the probe)"
+        marks += f" (last step {timed:.0f} s, {100 * timed / seconds['end']:.0f}% of the probe)"
     return marks
 
 

@@ -44,4 +44,4 @@ def test_a_live_clock_stamps_each_stage_once_and_each_step():
         clock.see(line, float(at_s))
     assert clock.seconds == {"ray_up": 0.0, "engines_ready": 1.0, "step1": 4.0, "step2": 5.0}
     line = describe_stages({**clock.seconds, "end": 10.0})
-    assert line.startswith("ray_up 0 . engines_ready 1 . step1 4 . step2 5 . end 10") and "10% of the probe" in line
+    assert line.startswith("ray_up 0 . engines_ready 1 . step1 4 . step2 5 . end 10") and "(last step 1 s, 10% of the probe)" in line

@@ -277,7 +277,7 @@ def _outcome_to_result(outcome: ProcessOutcome, run_dir: Path) -> ProbeResult:
             raise ProbeEnvironmentError(f"torch probe could not start: {last_line} ({_INSTALL_HINT})")
         raise ProbeCrashed(f"torch probe exited with code {outcome.returncode}: {last_line or 'no output'} "
                            f"(log: {outcome.log_path})")
-    return _to_probe_result(records[0])
+    return _to_probe_result(records[0], outcome.wall_s)
 
 
 def _failure_error(record: dict) -> Exception:
@@ -294,7 +294,7 @@ def _failure_error(record: dict) -> Exception:
     return ProbeCrashed(f"torch probe failed: {message}")
 
 
-def _to_probe_result(record: dict) -> ProbeResult:
+def _to_probe_result(record: dict, wall_s: float) -> ProbeResult:
     return ProbeResult(
         tokens_per_s_per_gpu=record["tokens_per_s_per_gpu"],
         mfu=record["mfu"],
@@ -304,5 +304,5 @@ def _to_probe_result(record: dict) -> ProbeResult:
         simulated=False,
         series=dict(record["series"]),
         extra={"phase_peak_mem_gib": record["phase_peak_mem_gib"], "plan": record["plan"],
-               "steps": record["steps"]},
+               "steps": record["steps"], "probe_wall_s": wall_s},
     )

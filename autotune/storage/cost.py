@@ -1,0 +1,59 @@
+"""What a study cost in GPU time, how much of it was measurement, and when the speedup it found pays it back on the
+run it tunes (issue 28 item 5). Read from the stored trials: each launched probe's `probe_wall_s` (real for the verl
+and torch backends, simulated for `sim`) and its timed steps' `step_s`."""
+
+from __future__ import annotations
+
+from autotune.storage.records import TrialRecord
+
+PLANNED_STEPS_KEY = "trainer.total_training_steps"
+
+
+def tuning_cost(recs: list[TrialRecord], world_size: int, *, simulated: bool) -> dict:
+    """GPU-hours of every launched probe; the share of them the timed steps took (probe efficiency)."""
+    launched = [r for r in recs if r.user_attrs.get("launched")]
+    probe_s = sum(r.user_attrs.get("probe_wall_s") or 0.0 for r in launched)
+    timed_s = sum((r.user_attrs.get("step_s") or 0.0) * len((r.user_attrs.get("series") or {}).get("perf/throughput")
+                                                            or ()) for r in launched)
+    return {"probes": len(launched), "gpu_hours": probe_s * world_size / 3600,
+            "timed_step_gpu_hours": timed_s * world_size / 3600,
+            "probe_efficiency": timed_s / probe_s if probe_s else None, "simulated": simulated}
+
+
+def payback(cost: dict, *, world_size: int, speedup: float | None, best_step_s: float | None,
+            planned_steps: int | None) -> dict | None:
+    """When the time the speedup saves has repaid the tuning: in hours of the tuned run (the job's GPUs run the
+    tuning too, so GPU-hours / GPUs is the job's own hours). None without a speedup."""
+    if not speedup or cost["gpu_hours"] <= 0:
+        return None
+    tuning_hours = cost["gpu_hours"] / world_size
+    doc = {"tuning_hours": tuning_hours, "speedup": speedup,
+           "pays_back_after_hours": tuning_hours / (speedup - 1) if speedup > 1 else None}
+    if planned_steps and best_step_s:
+        run_hours = planned_steps * best_step_s / 3600
+        doc.update(planned_steps=planned_steps, planned_run_hours=run_hours,
+                   saved_hours=planned_steps * best_step_s * (speedup - 1) / 3600 - tuning_hours)
+    return doc
+
+
+def planned_steps(passthrough: dict) -> int | None:
+    value = (passthrough or {}).get(PLANNED_STEPS_KEY)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def describe(cost: dict, back: dict | None) -> str:
+    """One line for the summary: what the tuning cost, how much was measurement, when it pays back."""
+    label = " (simulated)" if cost["simulated"] else ""
+    eff = cost["probe_efficiency"]
+    text = (f"tuning took {60 * cost['gpu_hours']:.0f} GPU-minutes{label} over {cost['probes']} probe(s)"
+            + (f"; the timed steps were {100 * eff:.0f}% of it" if eff is not None else ""))
+    if back is None:
+        return text
+    if back["pays_back_after_hours"] is None:
+        return text + f"; at x{back['speedup']:.2f} it does not pay back"
+    text += f"; at x{back['speedup']:.2f} it pays back after {back['pays_back_after_hours']:.1f} hours of training"
+    if back.get("planned_run_hours"):
+        text += f" (your run: {back['planned_steps']} steps, {back['planned_run_hours']:.1f} hours)"
+    else:
+        text += f" (set {PLANNED_STEPS_KEY} to compare with your run)"
+    return text

@@ -1,0 +1,51 @@
+"""What a study cost and when it pays back (autotune/storage/cost.py), and the sim's probe cost against the real H200
+probes it is taken from."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from autotune.storage.cost import describe, payback, planned_steps, tuning_cost
+
+RESULTS = Path(__file__).parents[2] / "benchmarks" / "results"
+
+
+def _rec(launched=True, wall_s=300.0, step_s=50.0, timed=2):
+    return SimpleNamespace(user_attrs={"launched": launched, "probe_wall_s": wall_s, "step_s": step_s,
+                                       "series": {"perf/throughput": [1.0] * timed}})
+
+
+def test_cost_counts_launched_probes_and_the_timed_steps_share():
+    cost = tuning_cost([_rec(), _rec(wall_s=500.0), _rec(launched=False)], 8, simulated=False)
+    assert cost["probes"] == 2 and cost["gpu_hours"] == pytest.approx(800 * 8 / 3600)
+    assert cost["probe_efficiency"] == pytest.approx(200 / 800)
+
+
+def test_payback_in_hours_of_the_tuned_run():
+    cost = {"gpu_hours": 8.0, "probes": 10, "probe_efficiency": 0.5, "simulated": False}  # 1 hour of an 8-GPU job
+    back = payback(cost, world_size=8, speedup=1.25, best_step_s=36.0, planned_steps=4000)
+    assert back["pays_back_after_hours"] == pytest.approx(4.0)  # each tuned hour saves a quarter hour
+    assert back["planned_run_hours"] == pytest.approx(40.0) and back["saved_hours"] == pytest.approx(10.0 - 1.0)
+    line = describe(cost, back)
+    assert "pays back after 4.0 hours of training (your run: 4000 steps, 40.0 hours)" in line
+    assert "does not pay back" in describe(cost, payback(cost, world_size=8, speedup=0.9, best_step_s=36.0,
+                                                         planned_steps=None))
+    assert planned_steps({"trainer.total_training_steps": 4000}) == 4000 and planned_steps({}) is None
+
+
+def test_the_sims_probe_cost_is_the_h200_probes():
+    from autotune.backends.sim import SIMULATED_STARTUP_S, SIMULATED_WARMUP_FACTOR
+    from autotune.verl.stages import stages_from_log
+
+    complete = [s for s in (stages_from_log(p) for p in sorted(RESULTS.glob("h200-2026-12-03-verl*/trial*-probe.log")))
+                if "step2" in s]
+    ready = statistics.median(s["ready_to_fit"] for s in complete)
+    warmup = statistics.median(s["step1"] - s["ready_to_fit"] for s in complete)
+    timed = statistics.median(s["step2"] - s["step1"] for s in complete)
+    # plus the 21 s between one probe's last step and the next one's first stamp (benchmarks/probe_stages.py)
+    assert SIMULATED_STARTUP_S == pytest.approx(ready + 20.6, abs=1.0)
+    assert SIMULATED_WARMUP_FACTOR == pytest.approx(warmup / timed, abs=0.05)
