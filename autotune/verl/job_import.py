@@ -79,9 +79,9 @@ def user_job(imported, *, model_name: str | None = None, exporting: bool = True)
     the job will be exported (run, export, train), so every key the shell computes is asked for; an estimate asks
     only for those it models.
 
-    Every key that cannot be read is collected and reported in one ConfigError, so a script needs one
-    fix-and-rerun, not one per key. Passthrough values the shell computes are reported and left out of the
-    export (Hydra would read `${...}` as an interpolation and a `$(date)` as text)."""
+    Every key that cannot be read is collected and reported in one ConfigError that ends with the rerun to paste
+    (`-- KEY=VALUE ...`), so a script needs one fix-and-rerun, not one per key. A value the shell computes is never
+    exported as text (Hydra would read `${...}` as an interpolation and a `$(date)` as text) nor dropped."""
     from autotune.model_config import resolve_model
 
     if imported.entry_module != "verl.trainer.main_ppo":
@@ -93,7 +93,7 @@ def user_job(imported, *, model_name: str | None = None, exporting: bool = True)
     errors: list[str] = []
     computed: dict[str, str] = {}  # key -> the shell text it is computed from: each must be given after --
     dropped = set(getattr(imported, "unresolved_keys", ()) or ())
-    computed_or_unparsed: list[str] = []  # keys whose value must be given after --
+    unparsed: list[str] = []  # keys whose value Hydra cannot parse: asked for after -- as well
     values = {}
     for k, v in imported.overrides.items():
         if k.startswith("~"):
@@ -103,7 +103,7 @@ def user_job(imported, *, model_name: str | None = None, exporting: bool = True)
         except ConfigError as exc:
             if k not in dropped:
                 errors.append(str(exc).removeprefix("cannot read "))
-                computed_or_unparsed.append(k.lstrip("+"))
+                unparsed.append(k.lstrip("+"))
                 continue
             values[k] = v  # holds what the shell would compute at run time
     unresolved += [f"{k} (deletion cannot be exported)" for k in imported.overrides if k.startswith("~")]
@@ -203,7 +203,7 @@ def user_job(imported, *, model_name: str | None = None, exporting: bool = True)
     errors += [msg for _, msg in unreadable]
     errors += [f"{key}={raw} is not readable statically (computed by the shell)" for key, raw in computed.items()]
     if errors:
-        asked = list(dict.fromkeys([*computed_or_unparsed, *computed, *(key.lstrip("+") for key, _ in unreadable)]))
+        asked = list(dict.fromkeys([*unparsed, *computed, *(key.lstrip("+") for key, _ in unreadable)]))
         remedy = f"rerun with their values after --: -- {' '.join(f'{k}=VALUE' for k in asked)}" if asked else ""
         if model is None:
             remedy += (" and " if remedy else "") + "pass --model (a Hugging Face id or a local model folder)"
