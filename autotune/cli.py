@@ -381,7 +381,7 @@ def cmd_run(args) -> int:
     if not args.quiet:
         from autotune.search.driver import finished_count
 
-        from autotune.storage.cost import describe
+        from autotune.storage.tuning_cost import describe
 
         print(status_line(doc, cfg.trials, finished_count(study)))
         print(describe(doc["tuning_cost"], doc["payback"]))

@@ -13,7 +13,7 @@ from autotune.hardware import get_gpu
 from autotune.models import model_from_identity
 from autotune.spaces.candidate import Candidate
 from autotune.verl.export import export_header, model_engine, verl_overrides, write_best_yaml
-from autotune.storage.cost import payback, planned_steps, tuning_cost
+from autotune.storage.tuning_cost import payback, planned_steps, tuning_cost
 from autotune.verl.engines import holds
 from autotune.storage.records import (TrialRecord, baseline_label, baseline_record, best_records, pareto_front,
                                       records, verl_default_record)
@@ -81,7 +81,7 @@ def summary(study: optuna.Study, storage_url: str) -> dict:
         doc["speedup_vs_baseline"] = doc["best"]["tokens_per_s_per_gpu"] / doc["baseline"]["tokens_per_s_per_gpu"]
     if doc["best"] and default is not None and default.feasible_measurement:
         doc["speedup_vs_verl_default"] = doc["best"]["tokens_per_s_per_gpu"] / default.tokens_per_s_per_gpu
-    # what the tuning cost and when it pays back on the run it tunes (storage/cost.py)
+    # what the tuning cost and when it pays back on the run it tunes (storage/tuning_cost.py)
     doc["tuning_cost"] = tuning_cost(recs, doc["gpus"], simulated=doc["simulated"])
     doc["payback"] = payback(doc["tuning_cost"], world_size=doc["gpus"], speedup=doc.get("speedup_vs_baseline"),
                              best_step_s=best[0].user_attrs.get("step_s") if best else None,

@@ -1,5 +1,5 @@
-"""What a study cost and when it pays back (autotune/storage/cost.py), and the sim's probe cost against the real H200
-probes it is taken from."""
+"""What a study cost and when it pays back (autotune/storage/tuning_cost.py), and the sim's probe cost against the
+real H200 probes it is taken from."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from autotune.storage.cost import describe, payback, planned_steps, tuning_cost
+from autotune.storage.tuning_cost import describe, payback, planned_steps, tuning_cost
 
 RESULTS = Path(__file__).parents[2] / "benchmarks" / "results"
 
