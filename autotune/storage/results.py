@@ -12,9 +12,9 @@ from autotune.errors import ConfigError
 from autotune.hardware import get_gpu
 from autotune.models import model_from_identity
 from autotune.spaces.candidate import Candidate
-from autotune.verl.export import export_header, model_engine, verl_overrides, write_best_yaml
 from autotune.storage.tuning_cost import payback, planned_steps, tuning_cost
 from autotune.verl.engines import holds
+from autotune.verl.export import export_header, model_engine, verl_overrides, write_best_yaml
 from autotune.storage.records import (TrialRecord, baseline_label, baseline_record, best_records, pareto_front,
                                       records, verl_default_record)
 from autotune.storage.urls import redact

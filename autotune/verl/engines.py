@@ -103,10 +103,19 @@ ENGINE_READS = {
 }
 
 
+def family(engine: str) -> str:
+    """The engine family (fsdp for FSDP and FSDP2) whose config tree an engine uses."""
+    return "megatron" if engine == "megatron" else "fsdp"
+
+
+def _listed(key: str, entries) -> bool:
+    """`key` is an entry, or lies under an entry that ends with a dot (a whole section)."""
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in entries)
+
+
 def read_only_by(key: str) -> str | None:
     """The engine family that alone reads this shared key (ENGINE_READS), else None."""
-    return next((engine for engine, keys in ENGINE_READS.items()
-                 if any(key == k or (k.endswith(".") and key.startswith(k)) for k in keys)), None)
+    return next((engine for engine, keys in ENGINE_READS.items() if _listed(key, keys)), None)
 
 
 # What only one engine family's actor/ref/critic config declares (verl 0.9.1: dp_actor.yaml, dp_ref.yaml,
@@ -131,7 +140,7 @@ def relative_to_role(key: str) -> str | None:
 
 def speed_only(key: str) -> bool:
     rel = relative_to_role(key)
-    return rel is not None and any(rel == k or (k.endswith(".") and rel.startswith(k)) for k in SPEED_ONLY_ENGINE_KEYS)
+    return rel is not None and _listed(rel, SPEED_ONLY_ENGINE_KEYS)
 
 
 def engine_own(key: str) -> str | None:
@@ -139,8 +148,7 @@ def engine_own(key: str) -> str | None:
     rel = relative_to_role(key)
     if rel is None:
         return None
-    return next((engine for engine, own in ENGINE_OWN.items()
-                 if any(rel == k or (k.endswith(".") and rel.startswith(k)) for k in own)), None)
+    return next((engine for engine, own in ENGINE_OWN.items() if _listed(rel, own)), None)
 
 
 class Hold(NamedTuple):
@@ -164,8 +172,8 @@ def holds(passthrough: dict, engine: str, lora_rank: int = 0, rollout_tp: int | 
     out = []
     optim = [k for k in passthrough if any(k.startswith(s) for s in OPTIM_SECTIONS)
              and k.split(".optim.", 1)[1].split(".")[0] not in SHARED_OPTIM_FIELDS]
-    family = "megatron" if engine == "megatron" else "fsdp"
-    section = [k for k in passthrough if engine_own(k) == family and k not in _SYSTEM_KEYS and not speed_only(k)]
+    section = [k for k in passthrough if engine_own(k) == family(engine) and k not in _SYSTEM_KEYS
+               and not speed_only(k)]
     why = []
     if optim:
         why.append("optimizer keys the other engine's optimizer config has no exact counterpart for: verl "

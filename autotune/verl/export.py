@@ -17,7 +17,7 @@ import yaml
 from autotune.models import ModelSpec
 from autotune.spaces.candidate import Candidate
 from autotune.verl.hydra_syntax import hydra_value
-from autotune.verl.engines import engine_own
+from autotune.verl.engines import engine_own, family
 from autotune.verl.keys import ADDED_KEYS, OTC, TABLE, Job
 from autotune.verl.pipeline_split import Split, split_error
 from autotune.workload import Workload
@@ -64,8 +64,7 @@ def verl_overrides(model: ModelSpec, workload: Workload, candidate: Candidate, *
     Generated from the key table (autotune/verl/keys.py). The user's keys of the engine the candidate does not
     run are dropped (verl's config dataclasses refuse them); the user's own Megatron recompute settings are kept
     while checkpointing stays on."""
-    engine = "megatron" if candidate.is_megatron else "fsdp"
-    user = {k: v for k, v in (passthrough or {}).items() if engine_own(k) in (None, engine)}
+    user = {k: v for k, v in (passthrough or {}).items() if engine_own(k) in (None, family(candidate.actor_engine))}
     users_split = _users_split_holds(user, model, candidate)
     if not users_split:  # the user's split does not fit this layout: autotune's, with account_for_* off
         user = {k: (False if k.startswith(f"{OTC}.account_for_") else v) for k, v in user.items()

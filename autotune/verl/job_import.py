@@ -142,9 +142,9 @@ def user_job(imported, *, model_name: str | None = None, exporting: bool = True)
     if rollout_name not in (None, "vllm"):
         notes.append(f"rollout.name={rollout_name}: probes on a GPU run {rollout_name}, but the model behind `sim` "
                      "and the memory gate price vLLM's engine; its predictions for this job are vLLM's")
-    declared = verl_declared_keys("megatron" if megatron else "dp")
-    appended = [k for k in values if k.startswith("+") and not k.startswith("++") and declared is not None
-                and k[1:] in declared]
+    plus = [k for k in values if k.startswith("+") and not k.startswith("++")]
+    declared = verl_declared_keys("megatron" if megatron else "dp") if plus else None  # composes verl's config
+    appended = [k for k in plus if declared is not None and k[1:] in declared]
     if appended:
         notes.append(f"{', '.join(appended)}: verl 0.9.1 declares {'these keys' if len(appended) > 1 else 'this key'}"
                      ", so Hydra refuses the `+` (\"Could not append to config\"); exported without it")

@@ -13,6 +13,7 @@ not), splits `$(date +%Y)` into two words, and treats a `#` inside a word as a c
 from __future__ import annotations
 
 import ast
+import fnmatch
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -357,12 +358,10 @@ class _Case:
         self.subject, self.active, self.matched = subject, False, False
 
     def enter_branch(self, patterns: list[str]) -> None:
-        import fnmatch
-
         hit = not self.matched and any(fnmatch.fnmatchcase(self.subject, p) for p in patterns)
         self.active, self.matched = hit, self.matched or hit
 _BLOCK_NAMES = {"if": "if block", "for": "for loop", "while": "while loop", "until": "until loop",
-                "case": "case block", "select": "select loop"}
+                "select": "select loop"}
 _DECLARE = {"export", "declare", "typeset", "local", "readonly"}
 
 

@@ -69,10 +69,6 @@ def _flat(cfg) -> tuple[dict, dict]:
     return raw, resolved
 
 
-def _family(engine: str) -> str:
-    return "megatron" if engine == "megatron" else "fsdp"
-
-
 @functools.lru_cache(maxsize=2)
 def engine_defaults(engine_family: str) -> tuple[dict, dict]:
     """verl's own composed defaults for one engine family: (as written, resolved) leaves."""
@@ -100,13 +96,14 @@ def user_job_args(imported, engine: str) -> list[str]:
         bare = key.lstrip("+~")
         if bare in NOT_IN_VERL or key == "model_engine":
             continue
+        computed = key in unresolved  # bash could not read it (the prefix below changes the key's spelling only)
         if key.startswith("+") and not key.startswith("++"):
             key = "+" + key  # as the export writes it (export.hydra_overrides): Hydra's `+` fails on a declared key
         elif not key.startswith(("+", "~")) and key not in declared:
             key = "++" + key  # a key verl 0.9.1 does not declare: refused without a `+`, added as the export adds it
         if key.startswith("~"):
             args.append(key if not value else f"{key}={value}")
-        elif key in unresolved or "$(" in value or "`" in value:
+        elif computed:
             args.append(f"{key}={hydra_value(f'<computed by the shell: {value}>')}")
         else:
             args.append(f"{key}={value}")
@@ -116,7 +113,7 @@ def user_job_args(imported, engine: str) -> list[str]:
 def compare(user_cfg, export_cfg, *, user_engine: str, export_engine: str, gpus_per_node: int, nodes: int,
             tuned_workload_keys: frozenset = frozenset()) -> list[Difference]:
     """Every difference between the two composed configs that no declared rule explains."""
-    from autotune.verl.engines import ENGINE_DEFAULT_DIFFERENCES, read_only_by, speed_only
+    from autotune.verl.engines import ENGINE_DEFAULT_DIFFERENCES, family, read_only_by, speed_only
     from autotune.verl.keys import ADDED_KEYS, DEPRECATED_GLOBAL_MICRO, TABLE
 
     # the deprecated global micro-batch keys are the same knob as the per-GPU ones the export writes
@@ -124,8 +121,8 @@ def compare(user_cfg, export_cfg, *, user_engine: str, export_engine: str, gpus_
         | set(DEPRECATED_GLOBAL_MICRO)
     job_shape = {"trainer.n_gpus_per_node": gpus_per_node, "trainer.nnodes": nodes}
     (user_raw, user), (export_raw, export) = _flat(user_cfg), _flat(export_cfg)
-    switch = _family(user_engine) != _family(export_engine)
-    user_defaults, export_defaults = engine_defaults(_family(user_engine)), engine_defaults(_family(export_engine))
+    switch = family(user_engine) != family(export_engine)
+    user_defaults, export_defaults = engine_defaults(family(user_engine)), engine_defaults(family(export_engine))
 
     def at_default(defaults: tuple[dict, dict], key: str, raw, resolved) -> bool:
         # as written (verl's own interpolation, following a knob) or by value
@@ -134,9 +131,9 @@ def compare(user_cfg, export_cfg, *, user_engine: str, export_engine: str, gpus_
     out: list[Difference] = []
     for key in sorted(set(user) | set(export)):
         u, e = user.get(key, _ABSENT), export.get(key, _ABSENT)
-        if switch and read_only_by(key) == _family(user_engine) and key not in system \
+        if switch and read_only_by(key) == family(user_engine) and key not in system \
                 and not at_default(user_defaults, key, user_raw.get(key, _ABSENT), u):
-            out.append(Difference(key, u, f"{e!r}, which {_family(export_engine)} does not read"))
+            out.append(Difference(key, u, f"{e!r}, which {family(export_engine)} does not read"))
             continue
         if u == e or user_raw.get(key, _ABSENT) == export_raw.get(key, _ABSENT):
             continue
@@ -153,10 +150,8 @@ def compare(user_cfg, export_cfg, *, user_engine: str, export_engine: str, gpus_
                 continue
             only_user_engine = key not in export_defaults[1] and key in user_defaults[1]
             only_export_engine = key not in user_defaults[1] and key in export_defaults[1]
-            if (only_user_engine and (user_side_default or speed_only(key)) and e == _ABSENT) or \
-                    (only_export_engine and export_side_default and u == _ABSENT):
-                continue
-            if speed_only(key) and e == _ABSENT:
+            if (only_user_engine and user_side_default and e == _ABSENT) or \
+                    (only_export_engine and export_side_default and u == _ABSENT) or (speed_only(key) and e == _ABSENT):
                 continue
         out.append(Difference(key, u, e))
     return out

@@ -48,7 +48,7 @@ _VLLM = re.compile(r"\b(?:INFO|WARNING|ERROR|DEBUG) (\d{2})-(\d{2}) (\d{2}:\d{2}
 
 
 class StageClock:
-    """The first time each stage's line arrives, and each step line's, in seconds from the launch."""
+    """The first time each stage's line arrives, and each step's, in seconds from the launch."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
@@ -57,9 +57,10 @@ class StageClock:
         for stage in STAGES:
             if stage.name not in self.seconds and stage.pattern.search(line):
                 self.seconds[stage.name] = round(at_s, 2)
-        step = parse_console_line(line)
-        if step is not None and step.step > 0:  # step 0 is the validation before training
-            self.seconds.setdefault(f"step{step.step}", round(at_s, 2))
+
+    def see_step(self, step: int, at_s: float) -> None:
+        if step > 0:  # step 0 is the validation before training
+            self.seconds.setdefault(f"step{step}", round(at_s, 2))
 
 
 def _timestamp(line: str, year: int | None) -> _dt.datetime | None:
@@ -84,6 +85,8 @@ def stages_from_log(path: Path) -> dict[str, float]:
             last = stamp
         if last is not None:
             clock.see(line, (last - first).total_seconds())
+            if (step := parse_console_line(line)) is not None:
+                clock.see_step(step.step, (last - first).total_seconds())
     return clock.seconds
 
 

@@ -116,8 +116,9 @@ class _StepStream:
 
     def stage_s(self, wall_s: float) -> dict[str, float]:
         """Seconds from the launch to each start-up stage, each step (as it arrived) and the end."""
-        steps = {f"step{k}": round(t - self.started_s, 2) for k, t in sorted(self.arrived_s.items())}
-        return {**self.clock.seconds, **steps, "end": round(wall_s, 2)}
+        for step, arrived in sorted(self.arrived_s.items()):
+            self.clock.see_step(step, arrived - self.started_s)
+        return {**self.clock.seconds, "end": round(wall_s, 2)}
 
     def poll(self) -> bool:
         """Called by the watchdog: read the JSONL file even when the console is quiet; True to stop."""
