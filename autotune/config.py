@@ -8,7 +8,7 @@ tune.yaml (every section optional):
     fixed: {actor_engine: fsdp}                     # pin knobs
     ranges: {ppo_micro_batch_size_per_gpu: [2, 4, 8], gpu_memory_utilization: {low: 0.4, high: 0.8}}
     tune_workload: [ppo_mini_batch_size]            # opt in to tuning a workload knob
-    probe: {warmup_steps: 1, timed_steps: 2}
+    probe: {warmup_steps: 1, timed_steps: 2, configs_per_launch: 4}   # verl: 4 configurations per launch
     search: {objective: throughput, warm_start: 3, prescreen: true, boundaries: true, learn: true, memory_margin_gib: 0}
     budget: {probes: 20, gpu_hours: 8, wall_time_s: 14400}   # whichever ends first
 """
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from autotune.spaces.candidate import Candidate
 
 TUNE_YAML_KEYS = {"model", "gpu", "workload", "fixed", "ranges", "tune_workload", "probe", "search", "budget"}
-PROBE_KEYS = {"warmup_steps", "timed_steps"}
+PROBE_KEYS = {"warmup_steps", "timed_steps", "configs_per_launch"}
 SEARCH_KEYS = {"objective", "memory_margin_gib", "warm_start", "prescreen", "boundaries", "learn"}
 BUDGET_KEYS = {"probes", "gpu_hours", "wall_time_s"}
 OBJECTIVES = ("throughput", "throughput_and_memory")
@@ -40,12 +40,16 @@ _STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # fullmatch: `$` 
 MAX_TUNE_YAML_BYTES = 1 << 20  # a tune.yaml is a few lines; this also stops --config /dev/zero
 MAX_YAML_NODES = 100_000  # values after expanding aliases: a "billion laughs" file is refused, not expanded
 MAX_PROBE_STEPS = 100  # a probe measures a few steps; more is a full training run
+MAX_CONFIGS_PER_LAUNCH = 16
 
 
 @dataclass(frozen=True, kw_only=True)
 class ProbeBudget:
     warmup_steps: int = 1  # run, not timed (vLLM and allocator warm-up; compile)
     timed_steps: int = 2  # verl needs >= 3 steps in total: some OOMs appear only when vLLM wakes in step 2
+    # configurations one launch measures, switching the per-step knobs between steps (autotune/verl/step_knobs.py);
+    # None: the backend's default (verl 4, the others 1)
+    configs_per_launch: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("warmup_steps", "timed_steps"):
@@ -54,6 +58,10 @@ class ProbeBudget:
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= MAX_PROBE_STEPS:
                 raise ConfigError(f"probe.{name} must be an integer >= {low} (at most {MAX_PROBE_STEPS}), "
                                   f"but got {name}={value!r}")
+        n = self.configs_per_launch
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_CONFIGS_PER_LAUNCH):
+            raise ConfigError(f"probe.configs_per_launch must be an integer in 1..{MAX_CONFIGS_PER_LAUNCH}, "
+                              f"but got {n!r}")
 
 
 @dataclass(frozen=True, kw_only=True)

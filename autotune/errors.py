@@ -42,6 +42,8 @@ class RunFolderError(AutotuneError):
 class ProbeError(AutotuneError):
     """A probe did not produce a measurement."""
 
+    probe_wall_s: float | None = None  # the GPU time it spent before it failed (set by the backend that knows)
+
 
 class ProbeOOM(ProbeError):
     """The probe ran out of GPU memory: a property of the candidate, taught to the sampler.

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from autotune.errors import BackendUnavailable
+from autotune.errors import BackendUnavailable, ProbeError
 from autotune.hardware import GpuSpec
 from autotune.models import ModelSpec
 from autotune.spaces.candidate import Candidate
@@ -71,9 +71,27 @@ class ProbeRunner(ABC):
         at, so the sampler spends no trials on them. A user's own `fixed` or `ranges` entry wins."""
         return {}
 
+    # configurations one launch measures when tune.yaml does not say (probe.configs_per_launch)
+    default_configs_per_launch: ClassVar[int] = 1
+
     @abstractmethod
     def probe(self, request: ProbeRequest, report: StepReporter) -> ProbeResult:
         """Measure one candidate; raise ProbeOOM when it does not fit, ProbePruned when told to stop."""
+
+    def can_share(self, request: ProbeRequest) -> bool:
+        """Whether probe_group can measure `request` together with others of its restart key in one launch."""
+        return False
+
+    def probe_group(self, requests: list[ProbeRequest], reports: list[StepReporter]) -> list:
+        """Measure candidates that share a restart key (autotune/verl/step_knobs.py); one outcome per request, in
+        order: a ProbeResult or the exception its probe raised. This default runs them one launch each."""
+        outcomes: list = []
+        for request, report in zip(requests, reports):
+            try:
+                outcomes.append(self.probe(request, report))
+            except (ProbeError, ProbePruned, OSError) as exc:
+                outcomes.append(exc)
+        return outcomes
 
 
 class ProbePruned(Exception):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import statistics
+from dataclasses import replace
 from typing import ClassVar
 
 from autotune.errors import ProbeOOM
@@ -78,6 +79,38 @@ class SimRunner(ProbeRunner):
                    "stage_s": {"ready_to_fit": SIMULATED_STARTUP_S,
                                **{f"step{i}": round(t, 2) for i, t in enumerate(ends, 1)}, "end": round(wall_s, 2)}},
         )
+
+    def can_share(self, request: ProbeRequest) -> bool:
+        return True
+
+    def probe_group(self, requests: list[ProbeRequest], reports: list[StepReporter]) -> list:
+        """A simulated shared launch (backends/verl/shared_launch.py does it for real): one start-up, the first
+        configuration's warm-up, then each one's timed steps; an OOM ends the launch and the rest start again. The
+        launch's simulated wall time is shared among the configurations it decided, as a real one's is."""
+        outcomes: list = [None] * len(requests)
+        pending = list(range(len(requests)))
+        while pending:
+            wall_s, decided = SIMULATED_STARTUP_S, []
+            for position, i in enumerate(pending):
+                request = requests[i] if position == 0 else replace(requests[i], warmup_steps=0)
+                decided.append(i)
+                try:
+                    result = self.probe(request, lambda step, tps, report=reports[i]: bool(report(step, tps)) and False)
+                except ProbeOOM as exc:
+                    outcomes[i] = exc
+                    break
+                outcomes[i] = result
+                warmup_s = SIMULATED_WARMUP_FACTOR * result.step_s * request.warmup_steps
+                wall_s += warmup_s + result.step_s * request.timed_steps
+                result.extra["launch"] = {"trials": [requests[j].trial_number for j in pending], "index": position,
+                                          "simulated": True}
+            for i in decided:
+                if isinstance(outcomes[i], ProbeResult):
+                    outcomes[i].extra["probe_wall_s"] = wall_s / len(decided)
+                else:
+                    outcomes[i].probe_wall_s = wall_s / len(decided)
+            pending = [i for i in pending if outcomes[i] is None]
+        return outcomes
 
     def _noise(self) -> float:
         return max(self._rng.gauss(1.0, self.noise_rel), 0.5) if self.noise_rel else 1.0

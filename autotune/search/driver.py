@@ -27,7 +27,7 @@ from autotune.model.host_memory import HOST_HEADROOM, estimate_host_memory
 from autotune.model.memory import estimate_memory
 from autotune.search.prescreen import MemoryGate, inferred_oom, known_fit, memory_ratio
 from autotune.search.sampler import make_pruner, make_sampler
-from autotune.search import learned
+from autotune.search import groups, learned
 from autotune.search.equivalence import config_key
 from autotune.search.executor import Executor, Finished, InProcess, Launch, Report
 from autotune.search.warmstart import rank_space
@@ -205,16 +205,27 @@ def ask_baseline_first(study: optuna.Study) -> optuna.Trial:
     trial by setting it RUNNING, then `Trial(study, trial_id)`), aimed at one trial; if another tuner
     claimed it first, the ordinary ask follows."""
     waiting = baseline_waiting(study)
-    if waiting is not None:
-        storage = _STORAGES[study]
-        trial_id = storage.get_trial_id_from_study_id_trial_number(
-            storage.get_study_id_from_name(study.study_name), waiting.number)
-        try:
-            if storage.set_trial_state_values(trial_id, TrialState.RUNNING):
-                return optuna.Trial(study, trial_id)
-        except optuna.exceptions.UpdateFinishedTrialError:
-            pass
-    return study.ask()
+    claimed = claim_waiting(study, waiting) if waiting is not None else None
+    return claimed or study.ask()
+
+
+def claim_waiting(study: optuna.Study, waiting: optuna.trial.FrozenTrial) -> optuna.Trial | None:
+    """Optuna's claim of a queued trial, aimed at this one; None if another tuner took it first."""
+    storage = _STORAGES[study]
+    trial_id = storage.get_trial_id_from_study_id_trial_number(
+        storage.get_study_id_from_name(study.study_name), waiting.number)
+    try:
+        if storage.set_trial_state_values(trial_id, TrialState.RUNNING):
+            return optuna.Trial(study, trial_id)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        pass
+    return None
+
+
+def group_members_waiting(study: optuna.Study, lead_number: int) -> list[optuna.trial.FrozenTrial]:
+    """The queued members of `lead_number`'s launch (search/groups.py)."""
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+            if t.user_attrs.get(groups.GROUP_ATTR) == lead_number]
 
 
 def enqueue_warm_start(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> int:
@@ -328,7 +339,9 @@ def _run_trials(ctx: StudyContext, study: optuna.Study, executor: Executor, on_t
                 if prepared is None:  # decided without a probe (or taken over by another tuner)
                     _end_trial(study, trial, running, on_trial)
                 else:
-                    executor.submit(Launch(trial, *prepared), _reporter(ctx, study, trial))
+                    launches = [Launch(trial, *prepared)]
+                    launches += _group_members(ctx, study, executor, launches[0], running, on_trial)
+                    executor.submit_group(launches, [_reporter(ctx, study, la.trial) for la in launches])
                 stop = budget_left(cfg, study, started_s)
             if not executor.in_flight():
                 if stop and finished_count(study) < cfg.trials:
@@ -349,6 +362,46 @@ def _run_trials(ctx: StudyContext, study: optuna.Study, executor: Executor, on_t
             for _trial, beat in running.values():
                 beat.stop()
         raise
+
+
+def group_size(cfg: TuneConfig, runner: ProbeRunner, executor: Executor) -> int:
+    """Configurations per launch: tune.yaml's probe.configs_per_launch, else the backend's own default; one where
+    the executor runs probes apart (Ray tasks) or the tuned workload changes between members."""
+    if not executor.shares_launches() or cfg.tune_workload:
+        return 1
+    wanted = cfg.probe.configs_per_launch
+    return wanted if wanted is not None else runner.default_configs_per_launch
+
+
+def _group_members(ctx: StudyContext, study: optuna.Study, executor: Executor, lead: Launch,
+                   running: dict[int, tuple[optuna.Trial, lease.Heartbeat]],
+                   on_trial: TrialCallback | None) -> list[Launch]:
+    """The other configurations `lead`'s launch measures: queued by search/groups.py, then asked, checked and
+    prepared like any trial (a member decided without a probe, a duplicate or a rule, just ends)."""
+    cfg = ctx.cfg
+    room = min(group_size(cfg, ctx.runner, executor) - 1,
+               cfg.trials - finished_count(study) - executor.in_flight() - 1)
+    if cfg.budget.probes is not None:
+        room = min(room, cfg.budget.probes - spent(study, cfg.world_size).probes - 1)
+    if room <= 0 or not ctx.runner.can_share(lead.request):
+        return []
+    req = lead.request
+    groups.enqueue_members(study, cfg, ctx.space, lead.trial, req.candidate, req.workload, room)
+    out = []
+    for waiting in group_members_waiting(study, lead.trial.number):
+        interrupt.check()
+        with interrupt.critical():
+            trial = claim_waiting(study, waiting)
+            if trial is None:
+                continue
+            lease.take(trial)
+            running[trial.number] = (trial, lease.Heartbeat(trial).start())
+        prepared = _unless_taken_over(study, trial, lambda: prepare_trial(ctx, study, trial))
+        if prepared is None:
+            _end_trial(study, trial, running, on_trial)
+        else:
+            out.append(Launch(trial, *prepared))
+    return out
 
 
 def _unless_taken_over(study: optuna.Study, trial: optuna.Trial, step: Callable[[], object]) -> object | None:
@@ -553,6 +606,8 @@ def record_outcome(study: optuna.Study, trial: optuna.Trial, ratio: float, *, re
     """Store a probe's outcome on its trial and tell the study; an environment error is re-raised after."""
     multi = len(study.directions) == 2
     gate = MemoryGate.of(study)
+    if getattr(error, "probe_wall_s", None) is not None:  # a failed probe's GPU time counts against the budget
+        trial.set_user_attr("probe_wall_s", error.probe_wall_s)
     if isinstance(error, ProbeOOM):
         set_constraints(trial, memory=error.over_gib if error.over_gib and error.over_gib > 0 else 1.0)
         trial.set_user_attr("state", "oom")

@@ -47,6 +47,12 @@ class Executor(Protocol):
     def submit(self, launch: Launch, report: Report) -> None:
         """Start a probe (an executor that cannot report per step ignores `report`)."""
 
+    def shares_launches(self) -> bool:
+        """Whether submit_group runs its launches as one backend launch (ProbeRunner.probe_group)."""
+
+    def submit_group(self, launches: list[Launch], reports: list[Report]) -> None:
+        """Start probes that share a restart key (search/groups.py); one launch when shares_launches()."""
+
     def wait(self) -> list[Finished]:
         """Block until at least one submitted probe has finished; return every finished one."""
 
@@ -76,6 +82,29 @@ class InProcess:
             self._done.append(Finished(launch, error=exc))
         else:
             self._done.append(Finished(launch, result=result))
+        self._running = None
+
+    def shares_launches(self) -> bool:
+        return True
+
+    def submit_group(self, launches: list[Launch], reports: list[Report]) -> None:
+        if len(launches) == 1:
+            self.submit(launches[0], reports[0])
+            return
+        # the configuration predicted to need the least memory first: an OOM ends a launch, and what ran before it
+        # keeps its measurement
+        order = sorted(range(len(launches)), key=lambda i: launches[i].ratio)
+        launches, reports = [launches[i] for i in order], [reports[i] for i in order]
+        self._running = launches[0]
+        try:
+            outcomes = self._runner.probe_group([la.request for la in launches], reports)
+        except OSError as exc:  # the launch's run folder
+            outcomes = [exc] * len(launches)
+        for launch, outcome in zip(launches, outcomes):
+            if isinstance(outcome, ProbeResult):
+                self._done.append(Finished(launch, result=outcome))
+            else:
+                self._done.append(Finished(launch, error=outcome))
         self._running = None
 
     def wait(self) -> list[Finished]:

@@ -91,6 +91,13 @@ class RayExecutor:
     def in_flight(self) -> int:
         return len(self._pending)
 
+    def shares_launches(self) -> bool:
+        return False  # each Ray task runs one probe in its own placement group
+
+    def submit_group(self, launches: list[Launch], reports: list[Report]) -> None:
+        for launch, report in zip(launches, reports):
+            self.submit(launch, report)
+
     def submit(self, launch: Launch, report: Report) -> None:  # no per-step reports from remote probes
         pg = self._placement_group(self._bundles, strategy="STRICT_SPREAD" if self._nodes > 1 else "PACK")
         ref = self._remote.options(num_cpus=1, num_gpus=self._gpus, scheduling_strategy=self._strategy(

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from autotune.errors import (ProbeCrashed, ProbeEnvironmentError, ProbeOOM, ProbeRejected, ProbeTimeout)
+from autotune.errors import (ProbeCrashed, ProbeEnvironmentError, ProbeError, ProbeOOM, ProbeRejected,
+                             ProbeTimeout)
 from autotune.backends.base import ProbePruned, ProbeRequest, ProbeResult, ProbeRunner, StepReporter
 from autotune.backends.gpu_monitor import (GpuMonitor, device_peak_gib, idle_fraction_by_phase, phase_windows,
                                           summarize_samples)
@@ -28,8 +29,11 @@ from autotune.verl.failures import FailureKind, classify_failure
 from autotune.verl.metrics import THROUGHPUT_KEY, JsonlTail, StepMetrics, parse_console_line, summarize
 from autotune.verl.export import best_yaml_text, model_engine, verl_overrides
 from autotune.verl.stages import StageClock
+from autotune.verl.step_knobs import parse_switch_line, shares_launches
 
 PROBE_CONFIG_NAME = "probe"
+VERL_ENTRY = "verl.trainer.main_ppo"
+STEP_SWITCH_ENTRY = "autotune.verl.step_switch"
 PGID_FILE = "probe.pgid"  # the live probe's process group, for clean-up after a killed tuner
 LOG_TAIL_CHARS = 20_000
 
@@ -41,9 +45,9 @@ class ProbeLimits:
     kill_grace_s: float = 20.0
 
 
-def probe_overrides(request: ProbeRequest, metrics_path: Path) -> list[str]:
+def probe_overrides(request: ProbeRequest, metrics_path: Path, total_steps: int | None = None) -> list[str]:
     """Command-line additions that turn the exported config into a short, comparable probe."""
-    total_steps = request.warmup_steps + request.timed_steps
+    total_steps = total_steps or request.warmup_steps + request.timed_steps
     run_dir = Path(request.run_dir).resolve()
     return [
         f"trainer.total_training_steps={total_steps}",
@@ -64,18 +68,23 @@ def probe_overrides(request: ProbeRequest, metrics_path: Path) -> list[str]:
     ]
 
 
-def probe_command(request: ProbeRequest, *, python: str = sys.executable) -> tuple[list[str], dict[str, str], Path]:
+def request_overrides(request: ProbeRequest) -> dict:
+    """The verl keys of one request, by the exporter (what best.yaml would say for it)."""
+    return verl_overrides(request.model, request.workload, request.candidate, gpus_per_node=request.n_gpus,
+                          nodes=request.nodes, passthrough=request.passthrough)
+
+
+def probe_command(request: ProbeRequest, *, python: str = sys.executable, entry: str = VERL_ENTRY,
+                  total_steps: int | None = None, extra: list[str] = ()) -> tuple[list[str], dict[str, str], Path]:
     """(argv, env, metrics path) of one probe; writes RUN_DIR/probe.yaml, the exporter's config."""
     run_dir = Path(request.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     metrics_path = run_dir / "metrics.jsonl"
-    overrides = verl_overrides(request.model, request.workload, request.candidate, gpus_per_node=request.n_gpus,
-                               nodes=request.nodes, passthrough=request.passthrough)
     engine = model_engine(request.candidate)
     header = [f"autotune probe config for trial {request.trial_number} (same writer as best.yaml)"]
-    (run_dir / f"{PROBE_CONFIG_NAME}.yaml").write_text(best_yaml_text(overrides, engine, header))
-    argv = [python, "-m", "verl.trainer.main_ppo", f"--config-path={run_dir}", f"--config-name={PROBE_CONFIG_NAME}",
-            *probe_overrides(request, metrics_path)]
+    (run_dir / f"{PROBE_CONFIG_NAME}.yaml").write_text(best_yaml_text(request_overrides(request), engine, header))
+    argv = [python, "-m", entry, f"--config-path={run_dir}", f"--config-name={PROBE_CONFIG_NAME}",
+            *probe_overrides(request, metrics_path, total_steps), *extra]
     return argv, probe_env(request, metrics_path), metrics_path
 
 
@@ -96,21 +105,26 @@ def train_command(config_path: Path, extra_overrides: list[str], *, python: str 
             f"--config-name={config_path.stem}", *extra_overrides]
 
 
-class _StepStream:
-    """Collects steps from the JSONL file (preferred) and console lines (fallback), reports new ones."""
+class StepStream:
+    """Collects steps from the JSONL file (preferred) and console lines (fallback), reports new ones; notes the
+    step switches of a shared launch (autotune/verl/step_switch.py) as they are announced."""
 
-    def __init__(self, metrics_path: Path, request: ProbeRequest, report: StepReporter) -> None:
+    def __init__(self, metrics_path: Path, warmup_steps: int, report: StepReporter) -> None:
         self.tail = JsonlTail(metrics_path)
-        self.request = request
+        self.warmup_steps = warmup_steps
         self.report = report
         self.steps: dict[int, StepMetrics] = {}
         self.arrived_s: dict[int, float] = {}
+        self.switched: dict[int, tuple[int, float]] = {}  # step -> (configuration, when announced)
         self.pruned_at: tuple[int, float] | None = None
         self.started_s = time.monotonic()  # made just before the launch
         self.clock = StageClock()
 
     def on_output(self, line: str) -> bool:
         self.clock.see(line, time.monotonic() - self.started_s)
+        switch = parse_switch_line(line)
+        if switch is not None:
+            self.switched[switch[0]] = (switch[1], time.monotonic())
         found = [s for s in (parse_console_line(line),) if s is not None] + self.tail.read_new()
         return self._add(found)
 
@@ -139,7 +153,7 @@ class _StepStream:
         return progress
 
     def _report(self, step: StepMetrics) -> None:
-        if step.step <= self.request.warmup_steps or self.pruned_at is not None:
+        if step.step <= self.warmup_steps or self.pruned_at is not None:
             return
         tokens_per_s = step.metrics.get(THROUGHPUT_KEY)
         if tokens_per_s is not None and self.report(step.step, tokens_per_s):
@@ -149,12 +163,14 @@ class _StepStream:
 class VerlRunner(ProbeRunner):
     name: ClassVar[str] = "verl"
     simulated: ClassVar[bool] = False
+    default_configs_per_launch: ClassVar[int] = 4
 
     def __init__(self, limits: ProbeLimits | None = None, python: str = sys.executable,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, shared_entry: str = STEP_SWITCH_ENTRY) -> None:
         self.limits = limits or ProbeLimits()
         self.python = python
         self.base_env = env
+        self.shared_entry = shared_entry  # the module a shared launch runs (autotune/verl/step_switch.py)
 
     def unsupported(self, candidate, workload) -> str | None:
         if self.python == sys.executable:  # another interpreter's packages are not visible from here
@@ -174,17 +190,8 @@ class VerlRunner(ProbeRunner):
 
     def probe(self, request: ProbeRequest, report: StepReporter) -> ProbeResult:
         argv, env, metrics_path = probe_command(request, python=self.python)
-        if self.base_env is not None:
-            env = probe_env(request, metrics_path, base=self.base_env)
-        stream = _StepStream(metrics_path, request, report)
-        log_path = Path(request.run_dir).resolve() / "probe.log"
-        with GpuMonitor(interval_s=1.0) as monitor:
-            outcome = run_in_process_group(argv, env=env, cwd=Path(request.run_dir).resolve(), log_path=log_path,
-                                           deadline_s=self.limits.deadline_s,
-                                           idle_timeout_s=self.limits.idle_timeout_s, on_output=stream.on_output,
-                                           should_stop=stream.poll, kill_grace_s=self.limits.kill_grace_s,
-                                           pgid_file=Path(request.run_dir).resolve() / PGID_FILE)
-        stream.poll()
+        stream = StepStream(metrics_path, request.warmup_steps, report)
+        outcome, samples, log_path = self.run_launch(request, argv, env, metrics_path, stream)
         if stream.pruned_at is not None:
             raise ProbePruned(*stream.pruned_at)
         steps = [stream.steps[k] for k in sorted(stream.steps)]
@@ -194,26 +201,57 @@ class VerlRunner(ProbeRunner):
             summary = summarize(steps, request.warmup_steps)
         except ValueError as exc:
             raise ProbeCrashed(f"verl exited 0 but logged no usable step: {exc} (log: {log_path})") from None
-        windows = [phase_windows(stream.arrived_s[s.step], {k.removeprefix("timing_s/"): v
-                                                          for k, v in s.metrics.items() if k.startswith("timing_s/")})
-                   for s in steps if s.step in stream.arrived_s]
-        extra = {"log_path": str(log_path), "reserved_mem_gib": summary.reserved_mem_gib,
-                 "verl_max_allocated_gib": summary.peak_mem_gib, "probe_wall_s": outcome.wall_s,
-                 "stage_s": stream.stage_s(outcome.wall_s)}
-        # The probe's peak is the device's, as the memory model predicts it and as an OOM sees it. verl's
-        # perf/max_memory_allocated_gb is the trainer process alone: vLLM's weights and KV cache live in the
-        # rollout server's process (H200 study 2026-12-03: verl said 28.8 GiB, the GPU held 89.8).
-        peak_mem_gib = summary.peak_mem_gib or 0.0
-        extra["peak_source"] = "verl max allocated (trainer process only; no NVML)"
-        if monitor.available:
-            extra["gpu_samples"] = summarize_samples(monitor.samples)
-            extra["idle_fraction_by_phase"] = idle_fraction_by_phase(monitor.samples, windows)
-            device_peak = device_peak_gib(monitor.samples)
-            if device_peak is not None:
-                peak_mem_gib, extra["peak_source"] = device_peak, "NVML used memory of the GPU, every process"
-        return ProbeResult(tokens_per_s_per_gpu=summary.tokens_per_s_per_gpu, mfu=summary.mfu_actor,
-                           peak_mem_gib=peak_mem_gib, step_s=summary.step_s,
-                           phase_s=summary.phase_s, simulated=False, series=summary.series, extra=extra)
+        extra = {"log_path": str(log_path), "probe_wall_s": outcome.wall_s, "stage_s": stream.stage_s(outcome.wall_s)}
+        return result_of(summary, steps, stream, samples, extra)
+
+    def can_share(self, request: ProbeRequest) -> bool:
+        return shares_launches(request.passthrough)
+
+    def probe_group(self, requests: list[ProbeRequest], reports: list[StepReporter]) -> list:
+        from autotune.backends.verl.shared_launch import probe_group
+
+        if len(requests) == 1 or not all(self.can_share(r) for r in requests):
+            return super().probe_group(requests, reports)
+        return probe_group(self, requests, reports)
+
+    def run_launch(self, request: ProbeRequest, argv: list[str], env: dict[str, str], metrics_path: Path,
+                   stream: StepStream, extra_env: dict[str, str] | None = None) -> tuple[ProcessOutcome, list | None, Path]:
+        """One verl process in its own group, watched, with NVML samples; (outcome, samples or None, log path)."""
+        if self.base_env is not None:
+            env = probe_env(request, metrics_path, base=self.base_env)
+        env = {**env, **(extra_env or {})}
+        run_dir = Path(request.run_dir).resolve()
+        log_path = run_dir / "probe.log"
+        with GpuMonitor(interval_s=1.0) as monitor:
+            outcome = run_in_process_group(argv, env=env, cwd=run_dir, log_path=log_path,
+                                           deadline_s=self.limits.deadline_s,
+                                           idle_timeout_s=self.limits.idle_timeout_s, on_output=stream.on_output,
+                                           should_stop=stream.poll, kill_grace_s=self.limits.kill_grace_s,
+                                           pgid_file=run_dir / PGID_FILE)
+        stream.poll()
+        return outcome, (list(monitor.samples) if monitor.available else None), log_path
+
+
+def result_of(summary, steps: list[StepMetrics], stream: StepStream, samples: list | None, extra: dict) -> ProbeResult:
+    """A ProbeResult from the steps one configuration ran: verl's figures, the GPU's peak over those steps."""
+    windows = [phase_windows(stream.arrived_s[s.step], {k.removeprefix("timing_s/"): v
+                                                      for k, v in s.metrics.items() if k.startswith("timing_s/")})
+               for s in steps if s.step in stream.arrived_s]
+    extra = {**extra, "reserved_mem_gib": summary.reserved_mem_gib, "verl_max_allocated_gib": summary.peak_mem_gib}
+    # The probe's peak is the device's, as the memory model predicts it and as an OOM sees it. verl's
+    # perf/max_memory_allocated_gb is the trainer process alone: vLLM's weights and KV cache live in the
+    # rollout server's process (H200 study 2026-12-03: verl said 28.8 GiB, the GPU held 89.8).
+    peak_mem_gib = summary.peak_mem_gib or 0.0
+    extra["peak_source"] = "verl max allocated (trainer process only; no NVML)"
+    if samples is not None:
+        extra["gpu_samples"] = summarize_samples(samples)
+        extra["idle_fraction_by_phase"] = idle_fraction_by_phase(samples, windows)
+        device_peak = device_peak_gib(samples)
+        if device_peak is not None:
+            peak_mem_gib, extra["peak_source"] = device_peak, "NVML used memory of the GPU, every process"
+    return ProbeResult(tokens_per_s_per_gpu=summary.tokens_per_s_per_gpu, mfu=summary.mfu_actor,
+                       peak_mem_gib=peak_mem_gib, step_s=summary.step_s,
+                       phase_s=summary.phase_s, simulated=False, series=summary.series, extra=extra)
 
 
 def _module_present(name: str) -> bool:
@@ -234,19 +272,27 @@ def _log_tail(log_path: Path) -> str:
 
 
 def raise_failure(outcome: ProcessOutcome, log_path: Path) -> None:
-    """Turn a non-success into the exception the driver records; only GPU memory feeds the constraint."""
+    raise failure_error(outcome, log_path)
+
+
+def failure_error(outcome: ProcessOutcome, log_path: Path) -> ProbeError:
+    """The exception the driver records for a non-success; only GPU memory feeds the constraint. It carries the
+    probe's wall time: a failed probe spent GPU time too."""
     failure = classify_failure(outcome.returncode, _log_tail(log_path), hung=outcome.hung or outcome.timed_out,
                                interrupted=outcome.interrupted)
     where = f" (phase {failure.phase})" if failure.phase else ""
     message = f"{failure.kind.value}{where}: {failure.message} [log: {log_path}]"
     if failure.is_gpu_memory:
         kv = failure.kind is FailureKind.KV_CACHE_TOO_SMALL
-        raise ProbeOOM(message, phase=failure.phase or ("rollout" if kv else None), over_gib=failure.requested_gib,
-                       kind=failure.kind.value)
-    if failure.kind is FailureKind.CONFIG_REJECTED:
-        raise ProbeRejected(message)
-    if failure.kind is FailureKind.ENVIRONMENT:
-        raise ProbeEnvironmentError(message)
-    if failure.kind is FailureKind.HANG:
-        raise ProbeTimeout(message)
-    raise ProbeCrashed(message)  # NCCL, host OOM, killed from outside, unknown: not the candidate's memory
+        error: ProbeError = ProbeOOM(message, phase=failure.phase or ("rollout" if kv else None),
+                                     over_gib=failure.requested_gib, kind=failure.kind.value)
+    elif failure.kind is FailureKind.CONFIG_REJECTED:
+        error = ProbeRejected(message)
+    elif failure.kind is FailureKind.ENVIRONMENT:
+        error = ProbeEnvironmentError(message)
+    elif failure.kind is FailureKind.HANG:
+        error = ProbeTimeout(message)
+    else:
+        error = ProbeCrashed(message)  # NCCL, host OOM, killed from outside, unknown: not the candidate's memory
+    error.probe_wall_s = outcome.wall_s
+    return error

@@ -1,0 +1,147 @@
+"""Several configurations in one verl launch (issue 28 item 2): the step plan, the launch, and which steps belong
+to which configuration.
+
+The configurations share a restart key (autotune/verl/step_knobs.py); the first one's config is what verl starts
+with (probe.yaml, by the same writer as best.yaml), and autotune's trainer (autotune/verl/step_switch.py) sets each
+step's per-step knobs from a schedule: the launch's warm-up steps run the first configuration, then each
+configuration runs its timed steps. The trainer records every switch and what the workers then hold; a step is
+credited to a configuration only when that record says the workers held it.
+
+A failure ends the launch: the configuration whose step failed gets the failure (an OOM is graded as for a probe
+of its own), those measured before it keep their results, and the rest are measured by a new launch. A failure
+before the first step belongs to the start-up every member shares, so every member gets it, except verl's refusal
+of the launch's own config (its first member's micro-batches), after which the others launch again.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from autotune.backends.base import ProbeRequest, ProbeResult, StepReporter
+from autotune.errors import ProbeCrashed, ProbeRejected
+from autotune.verl.metrics import summarize
+from autotune.verl.step_knobs import (SCHEDULE_ENV, SWITCH_LOG_SUFFIX, TRAINER_MODE, restart_key, schedule,
+                                      step_values)
+
+SCHEDULE_FILE = "step_schedule.json"
+
+
+def plan_steps(requests: list[ProbeRequest]) -> list[int]:
+    """The configuration each step runs (index into `requests`), step 1 first: warm-up, then each one's timed steps."""
+    return [0] * requests[0].warmup_steps + [i for i, r in enumerate(requests) for _ in range(r.timed_steps)]
+
+
+def probe_group(runner, requests: list[ProbeRequest], reports: list[StepReporter]) -> list:
+    """One outcome per request (a ProbeResult or a ProbeError), measured in as few launches as failures allow."""
+    keys = {restart_key(r.candidate) for r in requests}
+    if len(keys) != 1:
+        raise ValueError("configurations of one launch must share a restart key (search/groups.py picks them so)")
+    outcomes: list = [None] * len(requests)
+    pending = list(range(len(requests)))
+    while pending:
+        got = one_launch(runner, [requests[i] for i in pending], [reports[i] for i in pending])
+        for i, outcome in zip(pending, got):
+            outcomes[i] = outcome
+        pending = [i for i, outcome in zip(pending, got) if outcome is None]
+    return outcomes
+
+
+def one_launch(runner, requests: list[ProbeRequest], reports: list[StepReporter]) -> list:
+    """Launch once; an outcome per request, None for those the launch did not reach (its first is always decided)."""
+    from autotune.backends.verl.runner import StepStream, failure_error, probe_command, request_overrides, result_of
+
+    lead = requests[0]
+    plan = plan_steps(requests)
+    run_dir = Path(lead.run_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    schedule_path = run_dir / SCHEDULE_FILE
+    switch_log = Path(f"{schedule_path}{SWITCH_LOG_SUFFIX}")
+    switch_log.unlink(missing_ok=True)
+    doc = schedule(plan, [step_values(request_overrides(r)) for r in requests])
+    doc["trials"] = [r.trial_number for r in requests]  # for whoever reads the run folder
+    schedule_path.write_text(json.dumps(doc, indent=1))
+    extra = [f"trainer.v1.trainer_mode={TRAINER_MODE}",
+             f"+ray_kwargs.ray_init.runtime_env.env_vars.{SCHEDULE_ENV}='{schedule_path}'"]
+    argv, env, metrics_path = probe_command(lead, python=runner.python, entry=runner.shared_entry,
+                                            total_steps=len(plan), extra=extra)
+
+    def report(step: int, tokens_per_s: float) -> bool:
+        # progress for the configuration that ran the step; a shared launch is not pruned (its steps are others')
+        if step <= len(plan):
+            reports[plan[step - 1]](step, tokens_per_s)
+        return False
+
+    stream = StepStream(metrics_path, lead.warmup_steps, report)
+    outcome, samples, log_path = runner.run_launch(lead, argv, env, metrics_path, stream,
+                                                   extra_env={SCHEDULE_ENV: str(schedule_path)})
+    failed = outcome.returncode != 0 or outcome.hung or outcome.timed_out
+    error = failure_error(outcome, log_path) if failed else None
+    held = read_switches(switch_log)
+    outcomes: list = [None] * len(requests)
+    wrong = [s for s in stream.steps if s <= len(plan) and held.get(s) != plan[s - 1]]
+    if wrong:  # never credit a step to a configuration the workers did not hold
+        crash = ProbeCrashed(f"step {wrong[0]} of a shared launch ran without autotune's step switch "
+                             f"(switches seen: {sorted(held.items())}) [log: {log_path}]")
+        return _with_wall([crash] * len(requests), outcome.wall_s)
+    failing = next((s for s in range(1, len(plan) + 1) if s not in stream.steps), None)
+    for i, request in enumerate(requests):
+        own = [s for s in range(1, len(plan) + 1) if plan[s - 1] == i and s > lead.warmup_steps]
+        if all(s in stream.steps for s in own):
+            outcomes[i] = _result(i, own, plan, lead.warmup_steps, stream, samples, run_dir, requests, log_path,
+                                  outcome.wall_s, result_of)
+    if error is not None and failing is not None:
+        started = failing in held  # the trainer reached the step: it is that configuration's, not the start-up's
+        if started or isinstance(error, ProbeRejected):
+            outcomes[plan[failing - 1]] = error
+        else:
+            outcomes = [error if o is None else o for o in outcomes]
+    elif any(o is None for o in outcomes) and error is None:
+        missing = ProbeCrashed(f"verl exited 0 after {len(stream.steps)} of {len(plan)} steps [log: {log_path}]")
+        outcomes = [missing if o is None else o for o in outcomes]
+    elif error is not None:  # every step was logged, then the process failed (teardown): the results stand
+        pass
+    return _with_wall(outcomes, outcome.wall_s)
+
+
+def _result(i: int, own: list[int], plan: list[int], warmup: int, stream, samples, run_dir: Path,
+            requests: list[ProbeRequest], log_path: Path, wall_s: float, result_of) -> ProbeResult:
+    """Configuration i's result from its own steps; the first configuration's memory includes the warm-up."""
+    steps = ([stream.steps[s] for s in range(1, warmup + 1)] if i == 0 else []) + [stream.steps[s] for s in own]
+    summary = summarize(steps, warmup if i == 0 else 0)
+    first = own[0] if i else 1
+    since = stream.switched.get(first, (None, stream.started_s))[1] if i else stream.started_s
+    until = stream.arrived_s.get(own[-1], float("inf"))
+    window = None if samples is None else [s for s in samples if since <= s.t_s <= until]
+    extra = {"log_path": str(log_path), "stage_s": stream.stage_s(wall_s),
+             "launch": {"run_dir": str(run_dir), "trials": [r.trial_number for r in requests], "index": i,
+                        "steps": own, "wall_s": round(wall_s, 2)}}
+    return result_of(summary, steps, stream, window, extra)
+
+
+def _with_wall(outcomes: list, wall_s: float) -> list:
+    """Share the launch's wall time among the configurations it decided, so a study's GPU time adds up."""
+    decided = [o for o in outcomes if o is not None]
+    share = wall_s / len(decided) if decided else 0.0
+    for o in decided:
+        if isinstance(o, ProbeResult):
+            o.extra["probe_wall_s"] = share
+        else:
+            o.probe_wall_s = share
+    return outcomes
+
+
+def read_switches(path: Path) -> dict[int, int]:
+    """{step: configuration} the trainer recorded after the workers confirmed it (autotune/verl/step_switch.py)."""
+    held: dict[int, int] = {}
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return held
+    for line in lines:
+        try:
+            record = json.loads(line)
+            held[int(record["step"])] = int(record["config"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return held

@@ -1,0 +1,84 @@
+"""Which configurations share a verl launch with a proposed one (issue 28 items 2 and 4).
+
+A launch costs minutes of start-up (Ray, workers, checkpoint, vLLM) before its first step; the knobs verl reads at
+every step (autotune/verl/step_knobs.py) cost one step each to measure once the launch is up. So when the sampler
+proposes a configuration, the launch that measures it also measures the most promising other settings of those
+knobs under the same restart key: ranked by the model corrected by every probe so far (search/learned.py), by
+expected improvement over the best measured trial once there is one, else by its median; untried ones only, and
+only those verl's rules and the memory gate accept.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.config import TuneConfig
+from autotune.search.equivalence import config_key
+from autotune.search.learned import Acquisition, CorrectedModel, Scored
+from autotune.search.prescreen import MemoryGate
+from autotune.spaces.candidate import Candidate
+from autotune.spaces.space import SearchSpace
+from autotune.storage.records import is_result
+from autotune.verl.roles import separate_reference
+from autotune.verl.step_knobs import STEP_KNOBS
+from autotune.workload import Workload
+
+GROUP_ATTR = "launch_group"  # user attr: the trial number whose launch a member joins
+MAX_COMBINATIONS = 4096  # per-step values tried for one group (5 knobs, a handful of values each)
+
+
+def step_variants(space: SearchSpace, lead: Candidate, workload: Workload):
+    """Every setting of the per-step knobs that apply to `lead` (its engine and batching mode), the rest held."""
+    params = lead.as_params()
+    partial = {"actor_engine": params["actor_engine"], "use_dynamic_bsz": params["use_dynamic_bsz"]}
+    names = [n for n in space.active_knobs(partial, workload) if n in STEP_KNOBS and n not in space.fixed]
+    values = []
+    for name in names:
+        dom = space.domains[name]
+        values.append(dom.choices or [round(dom.low + dom.step * i, 6)
+                                      for i in range(round((dom.high - dom.low) / dom.step) + 1)])
+    for combo in itertools.islice(itertools.product(*values), MAX_COMBINATIONS):
+        changes = dict(zip(names, combo))
+        if any(params[n] != v for n, v in changes.items()):
+            yield lead.with_(**changes)
+
+
+def members(study: optuna.Study, cfg: TuneConfig, space: SearchSpace, lead: Candidate, workload: Workload,
+            count: int) -> list[Scored]:
+    """Up to `count` untried configurations that share `lead`'s launch, most promising first."""
+    if count <= 0:
+        return []
+    kl = separate_reference(workload)
+    trials = study.get_trials(deepcopy=False)
+    tried = {config_key(t.user_attrs["candidate"], kl, t.user_attrs.get("workload_tuned"))
+             for t in trials if "candidate" in t.user_attrs}
+    tried |= {config_key(t.params, kl) for t in trials if t.state == TrialState.WAITING}
+    tried.add(config_key(lead.as_params(), kl))
+    best = max((t.user_attrs["tokens_per_s_per_gpu"] for t in trials if is_result(t)), default=None)
+    acq = Acquisition(cfg, CorrectedModel.from_study(study, cfg), MemoryGate.of(study), study, incumbent=best)
+    ranked = []
+    for cand in step_variants(space, lead, workload):
+        key = config_key(cand.as_params(), kl)
+        if key in tried:
+            continue
+        tried.add(key)
+        scored = acq(cand, workload)
+        if scored is not None:
+            ranked.append(scored)
+    ranked.sort(key=lambda s: s.score, reverse=True)
+    return ranked[:count]
+
+
+def enqueue_members(study: optuna.Study, cfg: TuneConfig, space: SearchSpace, lead_trial: optuna.Trial,
+                    lead: Candidate, workload: Workload, count: int) -> int:
+    """Queue the members of `lead_trial`'s launch; returns how many. The driver takes them next (ask_group_member)."""
+    picked = members(study, cfg, space, lead, workload, count)
+    for s in picked:
+        study.enqueue_trial(space.params_of(s.candidate, s.workload),
+                            user_attrs={GROUP_ATTR: lead_trial.number,
+                                        "predicted_tokens_per_s_per_gpu": s.median_tokens_per_s_per_gpu},
+                            skip_if_exists=True)
+    return len(picked)

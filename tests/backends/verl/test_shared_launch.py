@@ -1,0 +1,104 @@
+"""Shared launches (issue 28 item 2) end to end against a TEST DOUBLE of autotune's step-switch entry point
+(tests/backends/verl/verl_double/step_switch_double.py): VerlRunner writes the schedule and launches; the double
+does what autotune/verl/step_switch.py does in verl's trainer (record each switch, announce it) and logs steps."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from autotune.backends.base import ProbeRequest, ProbeResult
+from autotune.backends.verl.runner import ProbeLimits, VerlRunner
+from autotune.backends.verl.shared_launch import plan_steps, read_switches
+from autotune.errors import ProbeCrashed, ProbeOOM
+from autotune.hardware import get_gpu
+from autotune.models import get_model
+from autotune.spaces.candidate import Candidate
+from autotune.verl.step_knobs import restart_key
+from autotune.workload import Workload
+
+DOUBLE = Path(__file__).parent / "verl_double"
+
+
+def _request(tmp_path, n, micro, **changes) -> ProbeRequest:
+    return ProbeRequest(model=get_model("qwen2.5-7b"), gpu=get_gpu("H200"), n_gpus=8, nodes=1, workload=Workload(),
+                        candidate=Candidate(ppo_micro_batch_size_per_gpu=micro, **changes),
+                        run_dir=tmp_path / f"trial{n}", trial_number=n, warmup_steps=1, timed_steps=1)
+
+
+def _runner(**env) -> VerlRunner:
+    env = {**os.environ, "PYTHONPATH": f"{DOUBLE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **env}
+    return VerlRunner(limits=ProbeLimits(deadline_s=60, idle_timeout_s=30, kill_grace_s=2), env=env,
+                      shared_entry="step_switch_double")
+
+
+def _launches(tmp_path):
+    return [json.loads(line) for line in (tmp_path / "launches.jsonl").read_text().splitlines()]
+
+
+def test_one_launch_measures_every_configuration_on_its_own_steps(tmp_path):
+    requests = [_request(tmp_path, n, micro) for n, micro in ((3, 2), (4, 4), (5, 8))]
+    reported = []
+    reports = [lambda step, tps, n=r.trial_number: reported.append((n, step, tps)) or True for r in requests]
+    outcomes = _runner().probe_group(requests, reports)
+    assert len(_launches(tmp_path)) == 1
+    assert all(isinstance(o, ProbeResult) for o in outcomes)
+    # step 1 is the first configuration's warm-up, then one timed step each; throughput follows the micro-batch
+    assert [o.tokens_per_s_per_gpu for o in outcomes] == [1020.0, 1040.0, 1080.0]
+    assert [o.extra["launch"]["steps"] for o in outcomes] == [[2], [3], [4]]
+    assert sorted(reported) == [(3, 2, 1020.0), (4, 3, 1040.0), (5, 4, 1080.0)]  # a prune answer is not obeyed
+    # each configuration's memory is its own steps' (the first one's includes the warm-up it ran)
+    assert [o.extra["verl_max_allocated_gib"] for o in outcomes] == [12.0, 14.0, 18.0]
+    walls = [o.extra["probe_wall_s"] for o in outcomes]
+    assert walls[0] == walls[1] == walls[2] and sum(walls) == pytest.approx(outcomes[0].extra["launch"]["wall_s"], abs=0.05)
+    schedule = json.loads((tmp_path / "trial3" / "step_schedule.json").read_text())
+    assert schedule["steps"] == {"1": 0, "2": 0, "3": 1, "4": 2} and schedule["trials"] == [3, 4, 5]
+    assert schedule["configs"][2]["actor"]["micro_batch_size_per_gpu"] == 8
+    argv = _launches(tmp_path)[0]["argv"]
+    assert "trainer.v1.trainer_mode=autotune_step_switch" in argv and "trainer.total_training_steps=4" in argv
+    assert read_switches(tmp_path / "trial3" / "step_schedule.json.switches.jsonl") == {1: 0, 2: 0, 3: 1, 4: 2}
+
+
+def test_an_oom_in_the_middle_marks_that_configuration_and_a_new_launch_measures_the_rest(tmp_path):
+    requests = [_request(tmp_path, n, micro) for n, micro in ((3, 2), (4, 16), (5, 8))]
+    outcomes = _runner(AUTOTUNE_DOUBLE_OOM_MICRO="16").probe_group(requests, [lambda *_: False] * 3)
+    assert isinstance(outcomes[0], ProbeResult) and outcomes[0].tokens_per_s_per_gpu == 1020.0
+    assert isinstance(outcomes[1], ProbeOOM)
+    assert isinstance(outcomes[2], ProbeResult) and outcomes[2].tokens_per_s_per_gpu == 1080.0
+    launches = _launches(tmp_path)
+    assert [Path(la["run_dir"]).name for la in launches] == ["trial3", "trial5"]  # the relaunch starts at trial 5
+    # the second launch warms up again: its configuration's result is its timed step, not the cold one
+    assert outcomes[2].extra["launch"]["steps"] == [2]
+    # GPU time: the first launch's is shared by the two it decided, the second's is trial 5's alone
+    assert outcomes[1].probe_wall_s == outcomes[0].extra["probe_wall_s"] > 0
+
+
+def test_a_step_the_workers_did_not_switch_for_is_never_credited(tmp_path):
+    requests = [_request(tmp_path, n, micro) for n, micro in ((3, 2), (4, 4))]
+    outcomes = _runner(AUTOTUNE_DOUBLE_NO_SWITCH="1").probe_group(requests, [lambda *_: False] * 2)
+    assert all(isinstance(o, ProbeCrashed) and "step switch" in str(o) for o in outcomes)
+
+
+def test_configurations_of_different_restart_keys_never_share_a_launch(tmp_path):
+    a, b = _request(tmp_path, 1, 2), _request(tmp_path, 2, 2, gradient_checkpointing=False)
+    assert restart_key(a.candidate) != restart_key(b.candidate)
+    with pytest.raises(ValueError, match="restart key"):
+        _runner().probe_group([a, b], [lambda *_: False] * 2)
+
+
+def test_the_plan_warms_up_once_then_times_each_configuration():
+    requests = [ProbeRequest(model=get_model("qwen2.5-7b"), gpu=get_gpu("H200"), n_gpus=8, nodes=1,
+                             workload=Workload(), candidate=Candidate(), run_dir=Path("."), warmup_steps=2,
+                             timed_steps=t) for t in (1, 2, 1)]
+    assert plan_steps(requests) == [0, 0, 0, 1, 1, 2]
+
+
+def test_a_job_on_another_trainer_is_probed_launch_by_launch():
+    runner = VerlRunner()
+    req = lambda passthrough: ProbeRequest(model=get_model("qwen2.5-7b"), gpu=get_gpu("H200"), n_gpus=8, nodes=1,
+                                           workload=Workload(), candidate=Candidate(), run_dir=Path("."),
+                                           passthrough=passthrough)
+    assert runner.can_share(req({}))
+    assert not runner.can_share(req({"trainer.use_v1": False}))
+    assert not runner.can_share(req({"trainer.v1.trainer_mode": "separate_async"}))

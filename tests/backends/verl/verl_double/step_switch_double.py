@@ -1,0 +1,58 @@
+"""TEST DOUBLE of `python -m autotune.verl.step_switch` (a shared launch, ../README.md): the start-up lines, then
+per step what autotune's trainer does (read the schedule, record the switch, announce it) and a verl-format step
+whose throughput follows the configuration's micro-batch, or a real CUDA OOM excerpt when the configuration's
+ppo_micro_batch_size_per_gpu is AUTOTUNE_DOUBLE_OOM_MICRO. Every invocation is appended to RUN_DIR/../launches.jsonl.
+"""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+CORPUS = Path(__file__).resolve().parents[3] / "verl" / "data" / "verl_failures"
+PREFIX = "\x1b[36m(StepSwitchTaskRunner pid=4242)\x1b[0m "
+
+
+def _arg(prefix):
+    return next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith(prefix)), None)
+
+
+def main():
+    config_dir = Path(_arg("--config-path"))
+    with open(config_dir.parent / "launches.jsonl", "a") as f:
+        f.write(json.dumps({"run_dir": str(config_dir), "argv": sys.argv}) + "\n")
+    schedule_path = os.environ["AUTOTUNE_STEP_SCHEDULE"]
+    plan = json.loads(Path(schedule_path).read_text())
+    steps = int(_arg("trainer.total_training_steps"))
+    oom_micro = int(os.environ.get("AUTOTUNE_DOUBLE_OOM_MICRO", "0"))
+    skip_switch = os.environ.get("AUTOTUNE_DOUBLE_NO_SWITCH") == "1"
+    metrics = open(os.environ["VERL_FILE_LOGGER_PATH"], "wb", buffering=0)
+    print("2026-12-03 10:24:50,077\tINFO worker.py:2038 -- Started a local Ray instance.", flush=True)
+    print(PREFIX + "INFO:2026-12-03 10:28:52,134:all initialize finished, ready to fit", flush=True)
+    for step in range(1, steps + 1):
+        index = plan["steps"][str(step)]
+        actor = plan["configs"][index].get("actor", {})
+        if not skip_switch:
+            with open(schedule_path + ".switches.jsonl", "a") as log:
+                log.write(json.dumps({"step": step, "config": index, "held": [plan["configs"][index]]}) + "\n")
+            print(PREFIX + f"autotune step switch: step {step} runs configuration {index}", flush=True)
+        micro = actor.get("micro_batch_size_per_gpu") or 0
+        if oom_micro and micro == oom_micro:
+            path = sorted(CORPUS.glob("cuda_oom__*.log"))[0]
+            sys.stdout.write("".join(l for l in path.read_text().splitlines(True) if not l.startswith("#")))
+            sys.stdout.flush()
+            sys.exit(1)
+        time.sleep(0.05)
+        warm = step <= int(os.environ.get("AUTOTUNE_DOUBLE_WARMUP", "1"))  # a cold step is slower
+        throughput = 1000.0 + 10 * micro - (500 if warm else 0)
+        data = {"training/global_step": step, "timing_s/gen": 1.5, "timing_s/old_log_prob": 0.3,
+                "timing_s/ref": 0.3, "timing_s/update_actor": 1.0, "timing_s/update_weights": 0.1,
+                "timing_s/step": 3.2, "perf/throughput": throughput, "perf/mfu/actor": 0.3,
+                "actor/perf/max_memory_allocated_gb": 10.0 + micro, "actor/perf/max_memory_reserved_gb": 50.0}
+        metrics.write((json.dumps({"step": step, "data": data}) + "\n").encode())
+        print(PREFIX + " - ".join([f"step:{step}"] + [f"{k}:{v}" for k, v in data.items()]), flush=True)
+
+
+if __name__ == "__main__":
+    main()
