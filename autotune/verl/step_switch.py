@@ -76,6 +76,13 @@ def read_schedule() -> dict:
 class StepSwitchTrainer(PPOTrainerSync):
     """verl's synchronous trainer; before each step the workers get the configuration the schedule gives it."""
 
+    def __init__(self, config):
+        # the registry lookup by our name is done (main_ppo.py:141); from here verl branches on the mode's name for
+        # sync against async behaviour (the replay buffer, refills, checkpoints: trainer_base.py:129-157, 731, 902,
+        # 1004, 1499), and this is the sync trainer, so it runs under that name
+        config.trainer.v1.trainer_mode = "sync"
+        super().__init__(config)
+
     def _init_resource_pool_mgr(self):
         super()._init_resource_pool_mgr()
         for role in _WORKER_ROLES:

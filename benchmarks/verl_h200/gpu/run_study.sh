@@ -2,10 +2,11 @@
 # ON the GPU machine after setup.sh, started detached (setsid) so that it outlives one call: the autotune study
 # of run_tiny_grpo.sh with real verl, then `autotune train` on its best.yaml for 2 steps, then the torch
 # backend on the same job (TORCH=0 skips it). Everything lands in $RES (/tmp/res), tarred by collect.sh.
-# Env: SEED (default 1), TUNE (default benchmarks/verl_h200/tune.yaml), TRIALS (default 12), TORCH (default 1)
+# Env: SEED (default 1), TUNE (default benchmarks/verl_h200/tune.yaml), TRIALS (default 12), TORCH (default 1),
+# TRAIN (default 1; 0 skips autotune train)
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-REPO=/tmp/repo; RES=${RES:-/tmp/res}; AT=/tmp/atout; SEED=${SEED:-1}; TUNE=${TUNE:-benchmarks/verl_h200/tune.yaml}; TRIALS=${TRIALS:-12}; TORCH=${TORCH:-1}
+REPO=/tmp/repo; RES=${RES:-/tmp/res}; AT=/tmp/atout; SEED=${SEED:-1}; TUNE=${TUNE:-benchmarks/verl_h200/tune.yaml}; TRIALS=${TRIALS:-12}; TORCH=${TORCH:-1}; TRAIN=${TRAIN:-1}
 rm -rf "$REPO" && cp -r "$HERE/../../.." "$REPO" && rm -rf "$REPO/.carry"
 mkdir -p "$RES"
 source "$HERE/env.sh"
@@ -20,10 +21,12 @@ echo "rc=$?" >> "$RES/study.txt"
 python3 -m autotune show --out "$AT" > "$RES/show.txt" 2>&1
 cp "$AT/best.yaml" "$AT/result.json" "$RES/" 2>/dev/null
 stamp study end
+if [ "$TRAIN" = 1 ]; then
 stamp train start
 python3 -m autotune train --config "$AT/best.yaml" trainer.total_training_steps=2 > "$RES/train.txt" 2>&1
 echo "rc=$?" >> "$RES/train.txt"
 stamp train end
+fi
 if [ "$TORCH" = 1 ]; then
 stamp torch start
 python3 -m autotune run --backend torch --from benchmarks/verl_h200/run_tiny_grpo.sh --model qwen2.5-1.5b --gpus 1 \
