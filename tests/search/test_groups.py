@@ -1,0 +1,134 @@
+"""Shared launches in the one study loop (issue 28 items 2 and 4): the search proposes groups that share a restart
+key, each group runs as one launch, every member is recorded, and a tuner killed mid-launch loses no trial."""
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.backends.base import get_runner
+from autotune.backends.sim import SimRunner
+from autotune.backends.verl.runner import ProbeLimits, VerlRunner
+from autotune.config import ProbeBudget
+from autotune.search.driver import fail_dead_local_trials, open_study, run_study
+from autotune.search.groups import GROUP_ATTR
+from autotune.spaces.candidate import Candidate
+from autotune.storage.tuning_cost import tuning_cost
+from autotune.storage.records import records
+from autotune.verl.step_knobs import restart_key
+
+from autotune.config import TuneConfig
+from autotune.hardware import get_gpu
+from autotune.models import get_model
+from autotune.workload import Workload
+
+DOUBLE = Path(__file__).parents[1] / "backends" / "verl" / "verl_double"
+TrialState = optuna.trial.TrialState
+
+
+def _cfg(tmp_path: Path, trials=12, **kw) -> TuneConfig:
+    base = dict(model=get_model("qwen2.5-7b"), gpu=get_gpu("H200"), gpus_per_node=8, nodes=1, backend="sim",
+                trials=trials, storage_url=f"sqlite:///{tmp_path / 'a.db'}", study_name="s", out_dir=tmp_path,
+                seed=3, workload=Workload(), fixed={}, ranges={}, tune_workload=(), probe=ProbeBudget())
+    base.update(kw)
+    return TuneConfig(**base)
+
+
+def _launches(study):
+    by_launch = {}
+    for t in study.trials:
+        launch = t.user_attrs.get("launch")
+        if launch:
+            by_launch.setdefault(tuple(launch["trials"]), []).append(t)
+    return by_launch
+
+
+def test_a_sim_study_measures_groups_of_one_restart_key_per_launch(tmp_path):
+    study = run_study(_cfg(tmp_path, trials=12, probe=ProbeBudget(configs_per_launch=4)), get_runner("sim"))
+    assert not study.get_trials(states=(TrialState.RUNNING,))
+    assert not [t for t in study.get_trials(states=(TrialState.WAITING,)) if GROUP_ATTR in t.user_attrs]
+    launches = _launches(study)
+    assert launches and max(len(ts) for ts in launches.values()) > 1
+    for trials in launches.values():
+        assert len(trials) <= 4
+        assert len({restart_key(Candidate.from_params(t.user_attrs["candidate"])) for t in trials}) == 1
+    members = [t for t in study.trials if GROUP_ATTR in t.user_attrs]
+    assert members and all(study.trials[t.user_attrs[GROUP_ATTR]].user_attrs.get("launch") for t in members)
+    # the launch's simulated GPU time is shared by its configurations; the timed steps are a larger share of it
+    shared = tuning_cost(records(study), 8, simulated=True)
+    (tmp_path / "alone").mkdir()
+    alone = tuning_cost(records(run_study(_cfg(tmp_path / "alone", trials=12), get_runner("sim"))), 8, simulated=True)
+    assert shared["probe_efficiency"] > 1.5 * alone["probe_efficiency"]
+
+
+def test_group_members_are_the_models_best_untried_per_step_settings(tmp_path):
+    study = run_study(_cfg(tmp_path, trials=4, probe=ProbeBudget(configs_per_launch=4), search=_no_extras()),
+                      get_runner("sim"))
+    lead, *members = study.trials
+    assert lead.user_attrs["baseline"] and [t.user_attrs.get(GROUP_ATTR) for t in members] == [0, 0, 0]
+    keys = {json.dumps(t.user_attrs["candidate"], sort_keys=True) for t in study.trials}
+    assert len(keys) == 4, "four different configurations"
+    assert all(t.user_attrs["predicted_tokens_per_s_per_gpu"] > 0 for t in members)
+
+
+def _no_extras():
+    from autotune.config import SearchOptions
+    return SearchOptions(warm_start=0, learn=False)
+
+
+class _KilledMidLaunch(SimRunner):
+    """TEST DOUBLE: the tuner is interrupted while a shared launch runs."""
+
+    def probe_group(self, requests, reports):
+        raise KeyboardInterrupt
+
+
+def test_a_tuner_interrupted_mid_launch_leaves_no_trial_running_and_resumes(tmp_path):
+    cfg = _cfg(tmp_path, trials=4, probe=ProbeBudget(configs_per_launch=4), search=_no_extras())
+    with pytest.raises(KeyboardInterrupt):
+        run_study(cfg, _KilledMidLaunch())
+    study = open_study(cfg)
+    assert not study.get_trials(states=(TrialState.RUNNING,))
+    failed = study.get_trials(states=(TrialState.FAIL,))
+    assert len(failed) == 4 and all(t.user_attrs.get("interrupted") for t in failed)
+    study = run_study(cfg, get_runner("sim"))
+    assert len(study.get_trials(states=(TrialState.FAIL,))) == 4, "the interrupted trials stay stored"
+    assert not study.get_trials(states=(TrialState.RUNNING,))
+    assert any(t.user_attrs.get("baseline") and t.user_attrs.get("state") == "simulated" for t in study.trials)
+
+
+def test_the_members_of_a_dead_tuners_launch_are_failed_and_retried(tmp_path):
+    cfg = _cfg(tmp_path, trials=4, probe=ProbeBudget(configs_per_launch=4), search=_no_extras())
+    study = open_study(cfg)
+    dead = 2**22 + 12345  # no such process
+    for _ in range(3):  # a lead and two members, as a killed tuner leaves them
+        trial = study.ask({"ppo_micro_batch_size_per_gpu": optuna.distributions.CategoricalDistribution([2, 4, 8])})
+        trial.set_user_attr("host", socket.gethostname())
+        trial.set_user_attr("pid", dead)
+    assert fail_dead_local_trials(study) == 3
+    assert len(study.get_trials(states=(TrialState.WAITING,))) == 3, "each one is queued again"
+
+
+def test_a_verl_study_shares_launches_and_grades_an_oom_in_the_middle(tmp_path):
+    """The verl backend through the one study loop, its launches run by the step-switch TEST DOUBLE."""
+    env = {**os.environ, "PYTHONPATH": f"{DOUBLE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "AUTOTUNE_DOUBLE_OOM_MICRO": "32"}
+    runner = VerlRunner(limits=ProbeLimits(deadline_s=60, idle_timeout_s=30, kill_grace_s=2), env=env,
+                        shared_entry="step_switch_double")
+    cfg = _cfg(tmp_path, trials=8, backend="verl", probe=ProbeBudget(warmup_steps=1, timed_steps=1, configs_per_launch=4),
+               search=_no_extras(), fixed={"use_dynamic_bsz": False, "use_liger": False})
+    study = run_study(cfg, runner)
+    assert not study.get_trials(states=(TrialState.RUNNING,))
+    launched = [t for t in study.trials if t.user_attrs.get("launched")]
+    invocations = (tmp_path / "runs" / "launches.jsonl").read_text().splitlines()
+    assert len(invocations) < len(launched), "fewer launches than configurations"
+    for t in launched:
+        assert t.user_attrs["probe_wall_s"] > 0
+        if t.user_attrs["state"] == "measured":
+            micro = t.user_attrs["candidate"]["ppo_micro_batch_size_per_gpu"]
+            assert t.user_attrs["tokens_per_s_per_gpu"] == 1000.0 + 10 * micro, "its own step, not another's"
+    ooms = [t for t in launched if t.user_attrs["state"] == "oom"]
+    assert all(t.user_attrs["candidate"]["ppo_micro_batch_size_per_gpu"] == 32 for t in ooms)
