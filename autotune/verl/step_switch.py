@@ -1,6 +1,6 @@
 """autotune's entry point around verl's trainer: one verl launch measures several configurations (issue 28 item 2).
 
-`python -m autotune.verl.step_switch --config-path=RUN --config-name=probe ...` is `python -m verl.trainer.main_ppo`
+`python -m autotune.verl.step_switch_entry --config-path=RUN --config-name=probe ...` is `python -m verl.trainer.main_ppo`
 with three of verl's own extension points filled in, and no verl file changed:
 
 - the TaskRunner: `run_ppo(config, task_runner_class=...)` takes a recipe's runner (`trainer/main_ppo.py:34-41`);
@@ -122,9 +122,3 @@ def main(config):
         raise ValueError(f"autotune's step switch runs verl's V1 trainer as trainer.v1.trainer_mode={TRAINER_MODE}")
     main_ppo.run_ppo(config, task_runner_class=ray.remote(StepSwitchTaskRunner))
 
-
-if __name__ == "__main__":
-    # run under the module's own name, so Ray pickles the classes above by reference (an import), not by value
-    from autotune.verl.step_switch import main as _main
-
-    _main()

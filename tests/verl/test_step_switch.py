@@ -147,3 +147,23 @@ def test_each_step_tells_every_worker_group_and_records_the_switch(tmp_path, mon
     assert calls[-1] == ("ref", {"actor": {"micro_batch_size_per_gpu": 8}})
     records = [json.loads(line) for line in (tmp_path / f"step_schedule.json{SWITCH_LOG_SUFFIX}").read_text().splitlines()]
     assert [(r["step"], r["config"]) for r in records] == [(1, 0), (2, 0), (3, 1)]
+
+
+@pytest.mark.verl_judge
+def test_the_entry_point_starts_as_a_user_runs_it(tmp_path):
+    """`python -m` the entry point the runner launches, up to Hydra's composed config (`--cfg job` stops before
+    Ray): the module imports, registers once and composes the probe's config with autotune's overrides."""
+    import subprocess
+    import sys
+
+    from autotune.backends.base import ProbeRequest
+    from autotune.backends.verl.runner import STEP_SWITCH_ENTRY, probe_command
+    from autotune.hardware import get_gpu
+
+    request = ProbeRequest(model=get_model("qwen2.5-1.5b"), gpu=get_gpu("H200"), n_gpus=1, nodes=1,
+                           workload=Workload(), candidate=Candidate(rollout_tp=1), run_dir=tmp_path / "run")
+    argv, env, _ = probe_command(request, entry=STEP_SWITCH_ENTRY, total_steps=3,
+                                 extra=[f"trainer.v1.trainer_mode={TRAINER_MODE}"])
+    done = subprocess.run([*argv, "--cfg", "job"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"trainer_mode: {TRAINER_MODE}" in done.stdout and "total_training_steps: 3" in done.stdout

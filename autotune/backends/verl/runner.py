@@ -33,7 +33,7 @@ from autotune.verl.step_knobs import parse_switch_line, shares_launches
 
 PROBE_CONFIG_NAME = "probe"
 VERL_ENTRY = "verl.trainer.main_ppo"
-STEP_SWITCH_ENTRY = "autotune.verl.step_switch"
+STEP_SWITCH_ENTRY = "autotune.verl.step_switch_entry"
 PGID_FILE = "probe.pgid"  # the live probe's process group, for clean-up after a killed tuner
 LOG_TAIL_CHARS = 20_000
 
