@@ -41,6 +41,9 @@ FOREIGN_PRIVATE_ALLOWED = {
     # the judge's run only: OmegaConf's interpolation parser, a pure function, cached; verdicts identical with and
     # without (benchmarks/verl_judge_speed.py)
     ("verl/judge.py", "_utils"),
+    # the hook verl's own separate-async trainer overrides to swap its worker class in
+    # (verl trainer/ppo/v1/trainer_separate_async.py:114-126); the step switch does the same for its worker
+    ("verl/step_switch.py", "_init_resource_pool_mgr"),
 }
 # documented public names that start with an underscore: namedtuple's methods, os._exit
 PUBLIC_UNDERSCORE = {"_replace", "_asdict", "_fields", "_make", "_exit"}

@@ -185,7 +185,8 @@ def test_a_study_on_the_verl_backend_keeps_logs_as_artifacts(tmp_path):
 
     cfg = TuneConfig(model=get_model("qwen2.5-7b"), gpu=get_gpu("H200"), gpus_per_node=8, nodes=1, backend="verl",
                      trials=3, storage_url=f"sqlite:///{tmp_path / 'a.db'}", study_name="v", out_dir=tmp_path,
-                     seed=1, workload=Workload(), fixed={}, ranges={}, tune_workload=(), probe=ProbeBudget())
+                     seed=1, workload=Workload(), fixed={}, ranges={}, tune_workload=(),
+                     probe=ProbeBudget(configs_per_launch=1))  # a launch each (shared ones: test_shared_launch.py)
     study = run_study(cfg, _runner("ok"))
     recs = records(study)
     assert recs[0].baseline and recs[0].state == "measured" and recs[0].tokens_per_s_per_gpu == pytest.approx(1250)

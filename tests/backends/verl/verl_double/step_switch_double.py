@@ -1,11 +1,13 @@
 """TEST DOUBLE of `python -m autotune.verl.step_switch` (a shared launch, ../README.md): the start-up lines, then
 per step what autotune's trainer does (read the schedule, record the switch, announce it) and a verl-format step
 whose throughput follows the configuration's micro-batch, or a real CUDA OOM excerpt when the configuration's
-ppo_micro_batch_size_per_gpu is AUTOTUNE_DOUBLE_OOM_MICRO. Every invocation is appended to RUN_DIR/../launches.jsonl.
+ppo_micro_batch_size_per_gpu is AUTOTUNE_DOUBLE_OOM_MICRO, or hangs in step 2 with two grandchildren when
+AUTOTUNE_VERL_DOUBLE=spawn. Every invocation is appended to RUN_DIR/../launches.jsonl.
 """
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,6 +39,11 @@ def main():
             with open(schedule_path + ".switches.jsonl", "a") as log:
                 log.write(json.dumps({"step": step, "config": index, "held": [plan["configs"][index]]}) + "\n")
             print(PREFIX + f"autotune step switch: step {step} runs configuration {index}", flush=True)
+        if os.environ.get("AUTOTUNE_VERL_DOUBLE") == "spawn" and step == 2:  # grandchildren like Ray's, then hang
+            for _ in range(2):
+                mark = os.environ.get("AUTOTUNE_VERL_DOUBLE_MARK", "")
+                subprocess.Popen([sys.executable, "-c", f"import time; time.sleep(600)  # {mark}"])
+            time.sleep(600)
         micro = actor.get("micro_batch_size_per_gpu") or 0
         if oom_micro and micro == oom_micro:
             path = sorted(CORPUS.glob("cuda_oom__*.log"))[0]
