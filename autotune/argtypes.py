@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 from autotune.errors import ConfigError
@@ -39,6 +40,21 @@ def positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
+
+
+def duration_s(text: str) -> float:
+    """A duration such as 45m, 2h, 1h30m or 90s, in seconds."""
+    match = _DURATION.fullmatch(text.strip().lower())
+    if not text.strip() or match is None or not any(match.groups()):
+        raise argparse.ArgumentTypeError(f"expected a duration such as 45m, 2h or 1h30m, got {text!r}")
+    hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
+    value = hours * 3600 + minutes * 60 + seconds
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be longer than zero, got {text!r}")
     return value
 
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from autotune import __version__
-from autotune.argtypes import positive_float, positive_int, seed_int, whole_int, writable_folder
+from autotune.argtypes import duration_s, positive_float, positive_int, seed_int, whole_int, writable_folder
 from autotune.errors import AutotuneError, ConfigError
 
 EPILOG = """examples:
@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--executor", choices=("local", "ray"), default="local",
                      help="local: one probe at a time here; ray: probes as Ray tasks, several in flight")
     run.add_argument("--ray-address", help="Ray cluster to join with --executor ray (default: start a local one)")
+    run.add_argument("--budget", type=duration_s, metavar="DURATION",
+                     help="stop once the probes have held the job's GPUs this long, e.g. 45m or 2h (the GPU-hours of "
+                          "tune.yaml budget.gpu_hours, counted per GPU of the job)")
     run.add_argument("--quiet", action="store_true", help="no per-trial lines")
     run.set_defaults(func=cmd_run)
 
@@ -153,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def build_tune_config(args):
     """Validate everything the user gave, without touching storage."""
-    from autotune.config import TuneConfig, TuneYaml, check_study_name, default_study_name, load_tune_yaml
+    from autotune.config import (TuneConfig, TuneYaml, check_study_name, default_study_name, load_tune_yaml,
+                                 with_budget)
     from autotune.hardware import DEFAULT_GPU, detect_gpus, detect_host_mem_gib, get_gpu, match_device_name
     from autotune.model_config import resolve_model
     from autotune.backends.select import choose_backend
@@ -197,7 +201,8 @@ def build_tune_config(args):
     cfg = TuneConfig(model=model, gpu=gpu, gpus_per_node=args.gpus, nodes=args.nodes, backend=choice.name,
                      trials=args.trials, storage_url=storage_url, study_name=study, out_dir=out_dir, seed=args.seed,
                      workload=job.workload if job else tune.workload, fixed=tune.fixed, ranges=tune.ranges,
-                     tune_workload=tune_workload, probe=tune.probe, search=tune.search, budget=tune.budget,
+                     tune_workload=tune_workload, probe=tune.probe, search=tune.search,
+                     budget=with_budget(tune.budget, getattr(args, "budget", None), args.gpus * args.nodes),
                      baseline=job.baseline if job else None, passthrough=job.passthrough if job else {},
                      source=str(args.from_job) if job else None, host_mem_gib=host_mem_gib)
     build_space(cfg)  # validates fixed/ranges/tune_workload against the model and GPU count

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -107,6 +107,13 @@ class Budget:
                     or (name == "probes" and not isinstance(value, int)):
                 raise ConfigError(f"budget.{name} must be a positive {'integer' if name == 'probes' else 'number'}, "
                                   f"but got {name}={value!r}")
+
+
+def with_budget(budget: Budget, duration_s: float | None, world_size: int) -> Budget:
+    """`--budget 45m`: the job's GPUs held by probes for that long, as GPU-hours; it replaces tune.yaml's."""
+    if duration_s is None:
+        return budget
+    return replace(budget, gpu_hours=duration_s / 3600 * world_size)
 
 
 @dataclass(frozen=True, kw_only=True)

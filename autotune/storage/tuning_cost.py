@@ -4,20 +4,38 @@ and torch backends, simulated for `sim`) and its timed steps' `step_s`."""
 
 from __future__ import annotations
 
+import statistics
+
 from autotune.storage.records import TrialRecord
 
 PLANNED_STEPS_KEY = "trainer.total_training_steps"
 
 
 def tuning_cost(recs: list[TrialRecord], world_size: int, *, simulated: bool) -> dict:
-    """GPU-hours of every launched probe; the share of them the timed steps took (probe efficiency)."""
+    """GPU-hours of every launched probe (a shared launch's wall time is split among its configurations, a failed
+    probe's counts too); the share of them the timed steps took (probe efficiency); how many launches measured the
+    configurations, and what a launch's start-up and a timed step cost on this node (medians)."""
     launched = [r for r in recs if r.user_attrs.get("launched")]
     probe_s = sum(r.user_attrs.get("probe_wall_s") or 0.0 for r in launched)
     timed_s = sum((r.user_attrs.get("step_s") or 0.0) * len((r.user_attrs.get("series") or {}).get("perf/throughput")
                                                             or ()) for r in launched)
-    return {"probes": len(launched), "gpu_hours": probe_s * world_size / 3600,
+    launches = {_launch_of(r) for r in launched if r.user_attrs.get("probe_wall_s")}
+    startups = [r.user_attrs["stage_s"]["ready_to_fit"] for r in launched
+                if isinstance(r.user_attrs.get("stage_s"), dict) and "ready_to_fit" in r.user_attrs["stage_s"]]
+    steps = [r.user_attrs["step_s"] for r in launched if r.user_attrs.get("step_s")]
+    return {"probes": len(launched), "launches": len(launches), "gpu_hours": probe_s * world_size / 3600,
             "timed_step_gpu_hours": timed_s * world_size / 3600,
-            "probe_efficiency": timed_s / probe_s if probe_s else None, "simulated": simulated}
+            "probe_efficiency": timed_s / probe_s if probe_s else None,
+            "startup_s": statistics.median(startups) if startups else None,
+            "step_s": statistics.median(steps) if steps else None, "simulated": simulated}
+
+
+def _launch_of(rec: TrialRecord) -> tuple:
+    """What identifies the launch that measured a trial: its run folder and trials (shared), else the trial."""
+    launch = rec.user_attrs.get("launch")
+    if isinstance(launch, dict):
+        return (launch.get("run_dir"), tuple(launch.get("trials") or ()))
+    return ("trial", rec.number)
 
 
 def payback(cost: dict, *, world_size: int, speedup: float | None, best_step_s: float | None,
@@ -45,7 +63,9 @@ def describe(cost: dict, back: dict | None) -> str:
     """One line for the summary: what the tuning cost, how much was measurement, when it pays back."""
     label = " (simulated)" if cost["simulated"] else ""
     eff = cost["probe_efficiency"]
-    text = (f"tuning took {60 * cost['gpu_hours']:.0f} GPU-minutes{label} over {cost['probes']} probe(s)"
+    launches = cost.get("launches")
+    shared = f" in {launches} launch(es)" if launches and launches < cost["probes"] else ""
+    text = (f"tuning took {60 * cost['gpu_hours']:.0f} GPU-minutes{label} over {cost['probes']} probe(s){shared}"
             + (f"; the timed steps were {100 * eff:.0f}% of it" if eff is not None else ""))
     if back is None:
         return text

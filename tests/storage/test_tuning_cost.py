@@ -14,15 +14,25 @@ from autotune.storage.tuning_cost import describe, payback, planned_steps, tunin
 RESULTS = Path(__file__).parents[2] / "benchmarks" / "results"
 
 
-def _rec(launched=True, wall_s=300.0, step_s=50.0, timed=2):
-    return SimpleNamespace(user_attrs={"launched": launched, "probe_wall_s": wall_s, "step_s": step_s,
-                                       "series": {"perf/throughput": [1.0] * timed}})
+def _rec(launched=True, wall_s=300.0, step_s=50.0, timed=2, number=0, launch=None):
+    return SimpleNamespace(number=number, user_attrs={"launched": launched, "probe_wall_s": wall_s, "step_s": step_s,
+                                                      "series": {"perf/throughput": [1.0] * timed},
+                                                      **({"launch": launch} if launch else {})})
 
 
 def test_cost_counts_launched_probes_and_the_timed_steps_share():
-    cost = tuning_cost([_rec(), _rec(wall_s=500.0), _rec(launched=False)], 8, simulated=False)
-    assert cost["probes"] == 2 and cost["gpu_hours"] == pytest.approx(800 * 8 / 3600)
+    cost = tuning_cost([_rec(), _rec(wall_s=500.0, number=1), _rec(launched=False, number=2)], 8, simulated=False)
+    assert cost["probes"] == 2 and cost["launches"] == 2 and cost["gpu_hours"] == pytest.approx(800 * 8 / 3600)
     assert cost["probe_efficiency"] == pytest.approx(200 / 800)
+
+
+def test_a_shared_launch_is_one_launch_and_its_wall_time_is_counted_once():
+    launch = {"run_dir": "/r/trial0003", "trials": [3, 4, 5]}
+    recs = [_rec(wall_s=200.0, timed=1, number=n, launch=launch) for n in (3, 4, 5)] + [_rec(number=6)]
+    cost = tuning_cost(recs, 1, simulated=False)
+    assert cost["probes"] == 4 and cost["launches"] == 2
+    assert cost["gpu_hours"] == pytest.approx(900 / 3600) and cost["probe_efficiency"] == pytest.approx(250 / 900)
+    assert "over 4 probe(s) in 2 launch(es)" in describe(cost, None)
 
 
 def test_payback_in_hours_of_the_tuned_run():
