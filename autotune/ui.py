@@ -101,9 +101,17 @@ def print_trials(study: optuna.Study) -> None:
     timed = [r for r in recs if r.user_attrs.get("stage_s")]
     if timed:  # where each launch's time went (autotune/verl/stages.py; the sim's are its own prior, labelled)
         _console.print("where each probe's time went, seconds from its launch:", markup=False)
+        shown = set()
         for r in timed:
+            launch = r.user_attrs.get("launch") or {}
+            key = (launch.get("run_dir"), tuple(launch.get("trials") or ())) if launch else r.number
+            if key in shown:
+                continue
+            shown.add(key)
             label = " (SIMULATED)" if r.user_attrs.get("simulated") else ""
-            _console.print(f"  trial {r.number}{label}: {describe_stages(r.user_attrs['stage_s'])}", markup=False,
+            who = (f"trials {', '.join(map(str, launch['trials']))} (one launch)" if len(launch.get("trials") or ()) > 1
+                   else f"trial {r.number}")
+            _console.print(f"  {who}{label}: {describe_stages(r.user_attrs['stage_s'])}", markup=False,
                            soft_wrap=True)
     label = baseline_label(study)
     base_text = "your job (baseline)" if label == "your job" else "verl's default configuration (baseline)"

@@ -29,6 +29,14 @@ SIMULATED_STARTUP_S = 232.0
 SIMULATED_WARMUP_FACTOR = 2.1
 
 
+def _progress_only(report: StepReporter) -> StepReporter:
+    """A step's progress for its configuration; a shared launch is not pruned (its later steps are others')."""
+    def forward(step: int, tokens_per_s: float) -> bool:
+        report(step, tokens_per_s)
+        return False
+    return forward
+
+
 class SimRunner(ProbeRunner):
     name: ClassVar[str] = "sim"
     simulated: ClassVar[bool] = True
@@ -90,23 +98,28 @@ class SimRunner(ProbeRunner):
         outcomes: list = [None] * len(requests)
         pending = list(range(len(requests)))
         while pending:
-            wall_s, decided = SIMULATED_STARTUP_S, []
+            wall_s, decided, stages = SIMULATED_STARTUP_S, [], {"ready_to_fit": SIMULATED_STARTUP_S}
+            launch = {"trials": [requests[j].trial_number for j in pending], "simulated": True}
             for position, i in enumerate(pending):
                 request = requests[i] if position == 0 else replace(requests[i], warmup_steps=0)
                 decided.append(i)
                 try:
-                    result = self.probe(request, lambda step, tps, report=reports[i]: bool(report(step, tps)) and False)
+                    result = self.probe(request, _progress_only(reports[i]))
                 except ProbeOOM as exc:
                     outcomes[i] = exc
                     break
                 outcomes[i] = result
-                warmup_s = SIMULATED_WARMUP_FACTOR * result.step_s * request.warmup_steps
-                wall_s += warmup_s + result.step_s * request.timed_steps
-                result.extra["launch"] = {"trials": [requests[j].trial_number for j in pending], "index": position,
-                                          "simulated": True}
+                for _ in range(request.warmup_steps):
+                    wall_s += SIMULATED_WARMUP_FACTOR * result.step_s
+                    stages[f"step{len(stages)}"] = round(wall_s, 2)
+                for _ in range(request.timed_steps):
+                    wall_s += result.step_s
+                    stages[f"step{len(stages)}"] = round(wall_s, 2)
+                result.extra["launch"] = {**launch, "index": position}
+            stages["end"] = round(wall_s, 2)
             for i in decided:
                 if isinstance(outcomes[i], ProbeResult):
-                    outcomes[i].extra["probe_wall_s"] = wall_s / len(decided)
+                    outcomes[i].extra.update(probe_wall_s=wall_s / len(decided), stage_s=stages)
                 else:
                     outcomes[i].probe_wall_s = wall_s / len(decided)
             pending = [i for i in pending if outcomes[i] is None]

@@ -69,7 +69,27 @@ def members(study: optuna.Study, cfg: TuneConfig, space: SearchSpace, lead: Cand
         if scored is not None:
             ranked.append(scored)
     ranked.sort(key=lambda s: s.score, reverse=True)
-    return ranked[:count]
+    return spread(ranked, lead, count)
+
+
+# the knob of the update pass, the longest training phase: a launch tries several of its values before it tries
+# several log-prob settings with one of them (the model ranks near-twins of its favourite first otherwise, and one
+# launch would learn one knob's neighbourhood)
+UPDATE_KNOBS = ("ppo_micro_batch_size_per_gpu", "ppo_max_token_len_per_gpu")
+
+
+def spread(ranked: list[Scored], lead: Candidate, count: int) -> list[Scored]:
+    """The best `count`, those with an update-pass setting neither the lead nor a better pick has first."""
+    knob = UPDATE_KNOBS[1] if lead.use_dynamic_bsz else UPDATE_KNOBS[0]
+    seen = {getattr(lead, knob)}
+    first = []
+    for s in ranked:
+        value = getattr(s.candidate, knob)
+        if value not in seen and len(first) < count:
+            first.append(s)
+            seen.add(value)
+    rest = [s for s in ranked if s not in first]
+    return sorted(first + rest[:count - len(first)], key=lambda s: s.score, reverse=True)
 
 
 def enqueue_members(study: optuna.Study, cfg: TuneConfig, space: SearchSpace, lead_trial: optuna.Trial,

@@ -16,6 +16,7 @@ of the launch's own config (its first member's micro-batches), after which the o
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 from autotune.backends.base import ProbeRequest, ProbeResult, StepReporter
@@ -27,9 +28,18 @@ from autotune.verl.step_knobs import (SCHEDULE_ENV, SWITCH_LOG_SUFFIX, TRAINER_M
 SCHEDULE_FILE = "step_schedule.json"
 
 
+# a launch of at least this many configurations times its first one once more at the end: the two timed steps of
+# one configuration, apart by the others, measure a step's noise and drift within the launch (issue 28)
+REPEAT_FIRST_FROM = 3
+
+
 def plan_steps(requests: list[ProbeRequest]) -> list[int]:
-    """The configuration each step runs (index into `requests`), step 1 first: warm-up, then each one's timed steps."""
-    return [0] * requests[0].warmup_steps + [i for i, r in enumerate(requests) for _ in range(r.timed_steps)]
+    """The configuration each step runs (index into `requests`), step 1 first: warm-up, then each one's timed steps,
+    then (REPEAT_FIRST_FROM or more configurations) the first one's timed steps again."""
+    plan = [0] * requests[0].warmup_steps + [i for i, r in enumerate(requests) for _ in range(r.timed_steps)]
+    if len(requests) >= REPEAT_FIRST_FROM:
+        plan += [0] * requests[0].timed_steps
+    return plan
 
 
 def probe_group(runner, requests: list[ProbeRequest], reports: list[StepReporter]) -> list:
@@ -87,13 +97,15 @@ def one_launch(runner, requests: list[ProbeRequest], reports: list[StepReporter]
     failing = next((s for s in range(1, len(plan) + 1) if s not in stream.steps), None)
     for i, request in enumerate(requests):
         own = [s for s in range(1, len(plan) + 1) if plan[s - 1] == i and s > lead.warmup_steps]
-        if all(s in stream.steps for s in own):
+        if all(s in stream.steps for s in own[:request.timed_steps]):  # the repeat at the end is a bonus
+            own = [s for s in own if s in stream.steps]
             outcomes[i] = _result(i, own, plan, lead.warmup_steps, stream, samples, run_dir, requests, log_path,
                                   outcome.wall_s, result_of)
     if error is not None and failing is not None:
         started = failing in held  # the trainer reached the step: it is that configuration's, not the start-up's
         if started or isinstance(error, ProbeRejected):
-            outcomes[plan[failing - 1]] = error
+            if outcomes[plan[failing - 1]] is None:  # a failed repeat of the first keeps its measured steps
+                outcomes[plan[failing - 1]] = error
         else:
             outcomes = [error if o is None else o for o in outcomes]
     elif any(o is None for o in outcomes) and error is None:
@@ -116,6 +128,10 @@ def _result(i: int, own: list[int], plan: list[int], warmup: int, stream, sample
     extra = {"log_path": str(log_path), "stage_s": stream.stage_s(wall_s),
              "launch": {"run_dir": str(run_dir), "trials": [r.trial_number for r in requests], "index": i,
                         "steps": own, "wall_s": round(wall_s, 2)}}
+    series = summary.series.get("perf/throughput") or []
+    if i == 0 and len(own) > requests[0].timed_steps and len(series) >= 2:
+        # the same configuration timed at the start and at the end of the launch: the step-to-step spread
+        extra["launch"]["repeat_spread"] = round((max(series) - min(series)) / statistics.mean(series), 4)
     return result_of(summary, steps, stream, window, extra)
 
 

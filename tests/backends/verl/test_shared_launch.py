@@ -44,20 +44,22 @@ def test_one_launch_measures_every_configuration_on_its_own_steps(tmp_path):
     outcomes = _runner().probe_group(requests, reports)
     assert len(_launches(tmp_path)) == 1
     assert all(isinstance(o, ProbeResult) for o in outcomes)
-    # step 1 is the first configuration's warm-up, then one timed step each; throughput follows the micro-batch
+    # step 1 is the first configuration's warm-up, then one timed step each, then the first one's again (its
+    # spread measures a step's noise within the launch); throughput follows the micro-batch
     assert [o.tokens_per_s_per_gpu for o in outcomes] == [1020.0, 1040.0, 1080.0]
-    assert [o.extra["launch"]["steps"] for o in outcomes] == [[2], [3], [4]]
-    assert sorted(reported) == [(3, 2, 1020.0), (4, 3, 1040.0), (5, 4, 1080.0)]  # a prune answer is not obeyed
+    assert [o.extra["launch"]["steps"] for o in outcomes] == [[2, 5], [3], [4]]
+    assert outcomes[0].extra["launch"]["repeat_spread"] == 0.0
+    assert sorted(reported) == [(3, 2, 1020.0), (3, 5, 1020.0), (4, 3, 1040.0), (5, 4, 1080.0)]  # never pruned
     # each configuration's memory is its own steps' (the first one's includes the warm-up it ran)
     assert [o.extra["verl_max_allocated_gib"] for o in outcomes] == [12.0, 14.0, 18.0]
     walls = [o.extra["probe_wall_s"] for o in outcomes]
     assert walls[0] == walls[1] == walls[2] and sum(walls) == pytest.approx(outcomes[0].extra["launch"]["wall_s"], abs=0.05)
     schedule = json.loads((tmp_path / "trial3" / "step_schedule.json").read_text())
-    assert schedule["steps"] == {"1": 0, "2": 0, "3": 1, "4": 2} and schedule["trials"] == [3, 4, 5]
+    assert schedule["steps"] == {"1": 0, "2": 0, "3": 1, "4": 2, "5": 0} and schedule["trials"] == [3, 4, 5]
     assert schedule["configs"][2]["actor"]["micro_batch_size_per_gpu"] == 8
     argv = _launches(tmp_path)[0]["argv"]
-    assert "trainer.v1.trainer_mode=autotune_step_switch" in argv and "trainer.total_training_steps=4" in argv
-    assert read_switches(tmp_path / "trial3" / "step_schedule.json.switches.jsonl") == {1: 0, 2: 0, 3: 1, 4: 2}
+    assert "trainer.v1.trainer_mode=autotune_step_switch" in argv and "trainer.total_training_steps=5" in argv
+    assert read_switches(tmp_path / "trial3" / "step_schedule.json.switches.jsonl") == {1: 0, 2: 0, 3: 1, 4: 2, 5: 0}
 
 
 def test_an_oom_in_the_middle_marks_that_configuration_and_a_new_launch_measures_the_rest(tmp_path):
@@ -91,7 +93,8 @@ def test_the_plan_warms_up_once_then_times_each_configuration():
     requests = [ProbeRequest(model=get_model("qwen2.5-7b"), gpu=get_gpu("H200"), n_gpus=8, nodes=1,
                              workload=Workload(), candidate=Candidate(), run_dir=Path("."), warmup_steps=2,
                              timed_steps=t) for t in (1, 2, 1)]
-    assert plan_steps(requests) == [0, 0, 0, 1, 1, 2]
+    assert plan_steps(requests) == [0, 0, 0, 1, 1, 2, 0]  # the first one again at the end
+    assert plan_steps(requests[:2]) == [0, 0, 0, 1, 1]
 
 
 def test_a_job_on_another_trainer_is_probed_launch_by_launch():
