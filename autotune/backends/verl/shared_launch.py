@@ -7,10 +7,11 @@ step's per-step knobs from a schedule: the launch's warm-up steps run the first 
 configuration runs its timed steps. The trainer records every switch and what the workers then hold; a step is
 credited to a configuration only when that record says the workers held it.
 
-A failure ends the launch: the configuration whose step failed gets the failure (an OOM is graded as for a probe
-of its own), those measured before it keep their results, and the rest are measured by a new launch. A failure
-before the first step belongs to the start-up every member shares, so every member gets it, except verl's refusal
-of the launch's own config (its first member's micro-batches), after which the others launch again.
+A failure ends the launch. An OOM in a step is that step's configuration's (graded as for a probe of its own):
+those measured before it keep their results and a new launch measures the rest. Any other failure (a crash, a
+hang, the environment), and any failure before the first step (the start-up every member shares), is given to
+every configuration not yet measured, with no new launch: it would likely end that one too. The exception is
+verl's refusal of the launch's own config at start-up (its first member's micro-batches): the others launch again.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import statistics
 from pathlib import Path
 
 from autotune.backends.base import ProbeRequest, ProbeResult, StepReporter
-from autotune.errors import ProbeCrashed, ProbeRejected
+from autotune.errors import ProbeCrashed, ProbeOOM, ProbeRejected
 from autotune.verl.metrics import summarize
 from autotune.verl.step_knobs import (SCHEDULE_ENV, SWITCH_LOG_SUFFIX, TRAINER_MODE, restart_key, schedule,
                                       step_values)
@@ -106,7 +107,11 @@ def one_launch(runner, requests: list[ProbeRequest], reports: list[StepReporter]
         if started or isinstance(error, ProbeRejected):
             if outcomes[plan[failing - 1]] is None:  # a failed repeat of the first keeps its measured steps
                 outcomes[plan[failing - 1]] = error
-        else:
+        alone = (isinstance(error, ProbeOOM) and started) or (isinstance(error, ProbeRejected) and not started)
+        if not alone:
+            # a crash, hang or environment error says nothing about the next configuration's memory and would
+            # likely end its launch too: no launch after it (only an OOM or verl's refusal of the launch's own
+            # configuration is that configuration's alone)
             outcomes = [error if o is None else o for o in outcomes]
     elif any(o is None for o in outcomes) and error is None:
         missing = ProbeCrashed(f"verl exited 0 after {len(stream.steps)} of {len(plan)} steps [log: {log_path}]")

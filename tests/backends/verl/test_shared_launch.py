@@ -11,7 +11,7 @@ import pytest
 from autotune.backends.base import ProbeRequest, ProbeResult
 from autotune.backends.verl.runner import ProbeLimits, VerlRunner
 from autotune.backends.verl.shared_launch import plan_steps, read_switches
-from autotune.errors import ProbeCrashed, ProbeOOM
+from autotune.errors import ProbeCrashed, ProbeOOM, ProbeRejected
 from autotune.hardware import get_gpu
 from autotune.models import get_model
 from autotune.spaces.candidate import Candidate
@@ -105,3 +105,24 @@ def test_a_job_on_another_trainer_is_probed_launch_by_launch():
     assert runner.can_share(req({}))
     assert not runner.can_share(req({"trainer.use_v1": False}))
     assert not runner.can_share(req({"trainer.v1.trainer_mode": "separate_async"}))
+
+
+def test_a_crash_in_the_middle_ends_the_group_without_another_launch(tmp_path):
+    """Only an OOM is one configuration's alone; a crash would likely end the next launch too."""
+    requests = [_request(tmp_path, n, micro) for n, micro in ((3, 2), (4, 16), (5, 8))]
+    outcomes = _runner(AUTOTUNE_DOUBLE_OOM_MICRO="16", AUTOTUNE_DOUBLE_FAIL="nccl").probe_group(
+        requests, [lambda *_: False] * 3)
+    assert isinstance(outcomes[0], ProbeResult)
+    assert isinstance(outcomes[1], ProbeCrashed) and outcomes[2] is outcomes[1]
+    assert len(_launches(tmp_path)) == 1
+
+
+@pytest.mark.parametrize("kind, error, relaunched", [("kv_cache_too_small", ProbeOOM, False),
+                                                     ("config_rejected", ProbeRejected, True)])
+def test_a_start_up_failure_is_every_members_unless_verl_refused_the_launchs_own_config(tmp_path, kind, error,
+                                                                                         relaunched):
+    requests = [_request(tmp_path, n, micro) for n, micro in ((3, 2), (4, 4))]
+    outcomes = _runner(AUTOTUNE_DOUBLE_STARTUP_FAIL=kind).probe_group(requests, [lambda *_: False] * 2)
+    assert isinstance(outcomes[0], error)
+    assert isinstance(outcomes[1], error)  # the relaunch, if any, fails the same way in this double
+    assert len(_launches(tmp_path)) == (2 if relaunched else 1)

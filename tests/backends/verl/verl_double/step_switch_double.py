@@ -32,6 +32,10 @@ def main():
     metrics = open(os.environ["VERL_FILE_LOGGER_PATH"], "wb", buffering=0)
     print("2026-12-03 10:24:50,077\tINFO worker.py:2038 -- Started a local Ray instance.", flush=True)
     print(PREFIX + "INFO:2026-12-03 10:28:52,134:all initialize finished, ready to fit", flush=True)
+    if os.environ.get("AUTOTUNE_DOUBLE_STARTUP_FAIL"):  # a failure excerpt before the first step (the start-up)
+        path = sorted(CORPUS.glob(f"{os.environ['AUTOTUNE_DOUBLE_STARTUP_FAIL']}__*.log"))[0]
+        sys.stdout.write("".join(l for l in path.read_text().splitlines(True) if not l.startswith("#")))
+        sys.exit(1)
     for step in range(1, steps + 1):
         index = plan["steps"][str(step)]
         actor = plan["configs"][index].get("actor", {})
@@ -45,8 +49,9 @@ def main():
                 subprocess.Popen([sys.executable, "-c", f"import time; time.sleep(600)  # {mark}"])
             time.sleep(600)
         micro = actor.get("micro_batch_size_per_gpu") or 0
-        if oom_micro and micro == oom_micro:
-            path = sorted(CORPUS.glob("cuda_oom__*.log"))[0]
+        if oom_micro and micro == oom_micro:  # AUTOTUNE_DOUBLE_FAIL: another failure excerpt there instead
+            kind = os.environ.get("AUTOTUNE_DOUBLE_FAIL", "cuda_oom")
+            path = sorted(CORPUS.glob(f"{kind}__*.log"))[0]
             sys.stdout.write("".join(l for l in path.read_text().splitlines(True) if not l.startswith("#")))
             sys.stdout.flush()
             sys.exit(1)
