@@ -7,7 +7,9 @@ import os
 import re
 import subprocess
 import sys
+import time
 import uuid
+from pathlib import Path
 
 import optuna
 import pytest
@@ -85,3 +87,39 @@ def test_parallel_workers_share_one_study(tmp_path, study_name):
     assert len(warm) == len(set(warm))
     by_worker = {t.user_attrs.get("pid") for t in trials[1:]}
     assert by_worker <= pids and len(by_worker) >= 2  # the workers really ran side by side
+
+
+PG_DATA = os.environ.get("AUTOTUNE_PG_DIR", "/var/lib/postgresql/autotune-ci")
+
+
+def _pg_ctl() -> str | None:
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
+    return str(found[-1]) if found else None
+
+
+@pytest.mark.skipif(not URL or not _pg_ctl() or not Path(PG_DATA).is_dir(),
+                    reason="needs the CI PostgreSQL server (bash .ci/postgres.sh)")
+# here, not with the other storage faults: a restart ends every connection to the server, so this test must not run
+# beside the other PostgreSQL tests (pytest-xdist's --dist loadfile keeps one file on one worker)
+def test_postgresql_restart_in_the_middle_of_a_study(tmp_path):
+    study_name = f"restart-{os.getpid()}-{int(time.time())}"
+    proc = subprocess.Popen([sys.executable, "-m", "autotune", "run", "--model", "qwen2.5-7b", "--gpus", "8",
+                             "--backend", "sim", "--trials", "60", "--storage", URL, "--study", study_name,
+                             "--out", str(tmp_path), "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if len(optuna.load_study(study_name=study_name, storage=URL).trials) >= 10:
+                break
+        except KeyError:
+            pass
+        time.sleep(0.5)
+    # the server must not hold our pipes (it would outlive the call): its log goes to its own file
+    subprocess.run(["runuser", "-u", "postgres", "--", _pg_ctl(), "-D", PG_DATA, "-l", f"{PG_DATA}/server.log", "-w",
+                    "-m", "fast", "restart"], check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, timeout=120)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-2000:]
+    study = optuna.load_study(study_name=study_name, storage=URL)
+    assert len(study.trials) == 60 and all(t.state.name in ("COMPLETE", "PRUNED") for t in study.trials)
