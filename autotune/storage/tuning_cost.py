@@ -19,7 +19,7 @@ def tuning_cost(recs: list[TrialRecord], world_size: int, *, simulated: bool) ->
     probe_s = sum(r.user_attrs.get("probe_wall_s") or 0.0 for r in launched)
     timed_s = sum((r.user_attrs.get("step_s") or 0.0) * len((r.user_attrs.get("series") or {}).get("perf/throughput")
                                                             or ()) for r in launched)
-    launches = {_launch_of(r) for r in launched if r.user_attrs.get("probe_wall_s")}
+    launches = {_launch_of(r) for r in launched}
     startups = [r.user_attrs["stage_s"]["ready_to_fit"] for r in launched
                 if isinstance(r.user_attrs.get("stage_s"), dict) and "ready_to_fit" in r.user_attrs["stage_s"]]
     steps = [r.user_attrs["step_s"] for r in launched if r.user_attrs.get("step_s")]
