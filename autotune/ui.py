@@ -8,6 +8,7 @@ from rich.table import Table
 
 from autotune.models import MODELS
 from autotune.verl.stages import describe_stages
+from autotune.storage.tuning_cost import launch_of
 from autotune.storage.records import (TrialRecord, baseline_label, baseline_record, best_records, records,
                                       verl_default_record)
 
@@ -104,7 +105,7 @@ def print_trials(study: optuna.Study) -> None:
         shown = set()
         for r in timed:
             launch = r.user_attrs.get("launch") or {}
-            key = (launch.get("run_dir"), tuple(launch.get("trials") or ())) if launch else r.number
+            key = launch_of(r.user_attrs, r.number)
             if key in shown:
                 continue
             shown.add(key)

@@ -94,6 +94,17 @@ class ProbeRunner(ABC):
         return outcomes
 
 
+def share_launch_wall(outcomes: list, wall_s: float) -> None:
+    """Share one launch's wall time among the configurations it decided (a ProbeResult, or the ProbeError of one
+    that failed), so a study's GPU time adds up; None stands for a configuration the launch did not reach."""
+    decided = [o for o in outcomes if o is not None]
+    for outcome in decided:
+        if isinstance(outcome, ProbeResult):
+            outcome.extra["probe_wall_s"] = wall_s / len(decided)
+        else:
+            outcome.probe_wall_s = wall_s / len(decided)
+
+
 class ProbePruned(Exception):
     """Raised by a backend when `report` asked it to stop (the probe was clearly slower)."""
 

@@ -14,7 +14,8 @@ from dataclasses import replace
 from typing import ClassVar
 
 from autotune.errors import ProbeOOM
-from autotune.backends.base import ProbePruned, ProbeRequest, ProbeResult, ProbeRunner, StepReporter
+from autotune.backends.base import (ProbePruned, ProbeRequest, ProbeResult, ProbeRunner, StepReporter,
+                                    share_launch_wall)
 from autotune.model.calibration import DEFAULT_CONSTANTS, ModelConstants
 from autotune.model.cost import estimate_step_time
 from autotune.model.memory import estimate_memory
@@ -117,11 +118,10 @@ class SimRunner(ProbeRunner):
                     stages[f"step{len(stages)}"] = round(wall_s, 2)
                 result.extra["launch"] = {**launch, "index": position}
             stages["end"] = round(wall_s, 2)
+            share_launch_wall([outcomes[i] for i in decided], wall_s)
             for i in decided:
                 if isinstance(outcomes[i], ProbeResult):
-                    outcomes[i].extra.update(probe_wall_s=wall_s / len(decided), stage_s=stages)
-                else:
-                    outcomes[i].probe_wall_s = wall_s / len(decided)
+                    outcomes[i].extra["stage_s"] = stages
             pending = [i for i in pending if outcomes[i] is None]
         return outcomes
 

@@ -34,6 +34,12 @@ def canonical_params(params: Mapping, ref_knobs: bool) -> dict:
     return {k: round(v, _FLOAT_DIGITS) if isinstance(v, float) else v for k, v in out.items()}
 
 
+def tried_keys(trials, ref_knobs: bool) -> set:
+    """The configuration keys of every trial that holds a candidate (measured, rejected, running or failed)."""
+    return {config_key(t.user_attrs["candidate"], ref_knobs, t.user_attrs.get("workload_tuned"))
+            for t in trials if "candidate" in t.user_attrs}
+
+
 def config_key(params: Mapping, ref_knobs: bool, workload_tuned: Mapping | None = None) -> tuple:
     """Hashable identity of the verl configuration a trial runs."""
     key = tuple(sorted(canonical_params(params, ref_knobs).items()))

@@ -16,7 +16,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.config import TuneConfig
-from autotune.search.equivalence import config_key
+from autotune.search.equivalence import config_key, tried_keys
 from autotune.search.learned import Acquisition, CorrectedModel, Scored
 from autotune.search.prescreen import MemoryGate
 from autotune.spaces.candidate import Candidate
@@ -35,11 +35,7 @@ def step_variants(space: SearchSpace, lead: Candidate, workload: Workload):
     params = lead.as_params()
     partial = {"actor_engine": params["actor_engine"], "use_dynamic_bsz": params["use_dynamic_bsz"]}
     names = [n for n in space.active_knobs(partial, workload) if n in STEP_KNOBS and n not in space.fixed]
-    values = []
-    for name in names:
-        dom = space.domains[name]
-        values.append(dom.choices or [round(dom.low + dom.step * i, 6)
-                                      for i in range(round((dom.high - dom.low) / dom.step) + 1)])
+    values = [space.domains[name].values() for name in names]
     for combo in itertools.islice(itertools.product(*values), MAX_COMBINATIONS):
         changes = dict(zip(names, combo))
         if any(params[n] != v for n, v in changes.items()):
@@ -53,9 +49,7 @@ def members(study: optuna.Study, cfg: TuneConfig, space: SearchSpace, lead: Cand
         return []
     kl = separate_reference(workload)
     trials = study.get_trials(deepcopy=False)
-    tried = {config_key(t.user_attrs["candidate"], kl, t.user_attrs.get("workload_tuned"))
-             for t in trials if "candidate" in t.user_attrs}
-    tried |= {config_key(t.params, kl) for t in trials if t.state == TrialState.WAITING}
+    tried = tried_keys(trials, kl) | {config_key(t.params, kl) for t in trials if t.state == TrialState.WAITING}
     tried.add(config_key(lead.as_params(), kl))
     best = max((t.user_attrs["tokens_per_s_per_gpu"] for t in trials if is_result(t)), default=None)
     acq = Acquisition(cfg, CorrectedModel.from_study(study, cfg), MemoryGate.of(study), study, incumbent=best)

@@ -46,7 +46,7 @@ from autotune.model.cost import estimate_step_time
 from autotune.model.host_memory import estimate_host_memory
 from autotune.model.memory import estimate_memory
 from autotune.search.equivalence import (LAYOUT, ROLLOUT_SETTING, canonical_params, config_key, layout_key,
-                                         rollout_key)
+                                         rollout_key, tried_keys)
 from autotune.search.prescreen import MemoryGate, dominates_oom, measured_outcomes, memory_ratio
 from autotune.search.warmstart import neighbours, sample_point
 from autotune.spaces.candidate import Candidate
@@ -548,8 +548,7 @@ def propose(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> bool:
     if kind == "sampler":
         return False
     kl = separate_reference(cfg.workload)
-    tried = {config_key(t.user_attrs["candidate"], kl, t.user_attrs.get("workload_tuned"))
-             for t in trials if "candidate" in t.user_attrs}
+    tried = tried_keys(trials, kl)
     model = CorrectedModel.from_study(study, cfg)
     acq = Acquisition(cfg, model, MemoryGate.of(study), study)
     probed = [canonical_params(t.user_attrs["candidate"], kl) for t in trials

@@ -76,10 +76,7 @@ def neighbours(space: SearchSpace, cand: Candidate, workload: Workload):
     for name in space.active_knobs(partial, workload):
         if name in space.fixed or name in ("actor_engine", "use_dynamic_bsz"):
             continue
-        dom = space.domains[name]
-        values = dom.choices or [round(dom.low + dom.step * i, 6)
-                                 for i in range(round((dom.high - dom.low) / dom.step) + 1)]
-        for value in values:
+        for value in space.domains[name].values():
             if value != params[name]:
                 yield cand.with_(**{name: value})
 

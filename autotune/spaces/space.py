@@ -56,6 +56,12 @@ class Domain:
             return trial.suggest_categorical(name, list(self.choices))
         return trial.suggest_float(name, self.low, self.high, step=self.step)
 
+    def values(self) -> list:
+        """Every value: the choices, or the range's grid points."""
+        if self.choices:
+            return list(self.choices)
+        return [round(self.low + self.step * i, 6) for i in range(round((self.high - self.low) / self.step) + 1)]
+
     def describe(self) -> str:
         if self.choices:
             return ", ".join(str(c) for c in self.choices)

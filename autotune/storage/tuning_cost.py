@@ -19,7 +19,7 @@ def tuning_cost(recs: list[TrialRecord], world_size: int, *, simulated: bool) ->
     probe_s = sum(r.user_attrs.get("probe_wall_s") or 0.0 for r in launched)
     timed_s = sum((r.user_attrs.get("step_s") or 0.0) * len((r.user_attrs.get("series") or {}).get("perf/throughput")
                                                             or ()) for r in launched)
-    launches = {_launch_of(r) for r in launched}
+    launches = {launch_of(r.user_attrs, r.number) for r in launched}
     startups = [r.user_attrs["stage_s"]["ready_to_fit"] for r in launched
                 if isinstance(r.user_attrs.get("stage_s"), dict) and "ready_to_fit" in r.user_attrs["stage_s"]]
     steps = [r.user_attrs["step_s"] for r in launched if r.user_attrs.get("step_s")]
@@ -30,12 +30,12 @@ def tuning_cost(recs: list[TrialRecord], world_size: int, *, simulated: bool) ->
             "step_s": statistics.median(steps) if steps else None, "simulated": simulated}
 
 
-def _launch_of(rec: TrialRecord) -> tuple:
+def launch_of(user_attrs: dict, number: int) -> tuple:
     """What identifies the launch that measured a trial: its run folder and trials (shared), else the trial."""
-    launch = rec.user_attrs.get("launch")
+    launch = user_attrs.get("launch")
     if isinstance(launch, dict):
         return (launch.get("run_dir"), tuple(launch.get("trials") or ()))
-    return ("trial", rec.number)
+    return ("trial", number)
 
 
 def payback(cost: dict, *, world_size: int, speedup: float | None, best_step_s: float | None,

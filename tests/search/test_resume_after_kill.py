@@ -49,12 +49,11 @@ def _group_alive(pgid: int) -> bool:
     return group_alive(pgid)
 
 
-def test_kill_9_mid_probe_then_resume(tmp_path):
-    out = tmp_path / "o"
-    out.mkdir()
-    first = _tuner(out, trials=1, scenario="ok")  # one finished trial first
+def _kill_9_mid_probe(out: Path, trials: int, per_launch: int) -> int:
+    """One finished trial, then a tuner whose probe hangs in step 2 with grandchildren, SIGKILLed: the probe group."""
+    first = _tuner(out, trials=1, scenario="ok")
     assert first.wait(timeout=120) == 0
-    second = _tuner(out, trials=3, scenario="spawn")  # the next probe hangs with grandchildren
+    second = _tuner(out, trials=trials, scenario="spawn", per_launch=per_launch)
     deadline = time.monotonic() + 60
     pgid_files = []
     while time.monotonic() < deadline and not pgid_files:
@@ -65,6 +64,13 @@ def test_kill_9_mid_probe_then_resume(tmp_path):
     pgid = json.loads(pgid_files[0].read_text())["pgid"]
     os.kill(second.pid, signal.SIGKILL)
     second.wait(timeout=10)
+    return pgid
+
+
+def test_kill_9_mid_probe_then_resume(tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    pgid = _kill_9_mid_probe(out, trials=3, per_launch=1)
     assert _group_alive(pgid), "SIGKILL runs no clean-up: the probe group is orphaned until the next run"
 
     third = _tuner(out, trials=3, scenario="ok")
@@ -88,19 +94,7 @@ def test_kill_9_mid_shared_launch_then_resume(tmp_path):
     with the reason, retries each, and leaves nothing RUNNING."""
     out = tmp_path / "o"
     out.mkdir()
-    first = _tuner(out, trials=1, scenario="ok", per_launch=1)
-    assert first.wait(timeout=120) == 0
-    second = _tuner(out, trials=4, scenario="spawn", per_launch=3)
-    deadline = time.monotonic() + 60
-    pgid_files = []
-    while time.monotonic() < deadline and not pgid_files:
-        pgid_files = list((out / "runs").glob("*/probe.pgid"))
-        time.sleep(0.2)
-    assert pgid_files, "the launch never started"
-    time.sleep(1.0)
-    pgid = json.loads(pgid_files[0].read_text())["pgid"]
-    os.kill(second.pid, signal.SIGKILL)
-    second.wait(timeout=10)
+    pgid = _kill_9_mid_probe(out, trials=4, per_launch=3)
     study = optuna.load_study(study_name="k", storage=f"sqlite:///{out / 'autotune.db'}")
     in_launch = [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
     assert len(in_launch) == 3, "one launch held three configurations"

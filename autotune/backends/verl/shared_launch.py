@@ -20,7 +20,7 @@ import json
 import statistics
 from pathlib import Path
 
-from autotune.backends.base import ProbeRequest, ProbeResult, StepReporter
+from autotune.backends.base import ProbeRequest, ProbeResult, StepReporter, share_launch_wall
 from autotune.errors import ProbeCrashed, ProbeOOM, ProbeRejected
 from autotune.verl.metrics import summarize
 from autotune.verl.step_knobs import (SCHEDULE_ENV, SWITCH_LOG_SUFFIX, TRAINER_MODE, restart_key, schedule,
@@ -94,7 +94,9 @@ def one_launch(runner, requests: list[ProbeRequest], reports: list[StepReporter]
     if wrong:  # never credit a step to a configuration the workers did not hold
         crash = ProbeCrashed(f"step {wrong[0]} of a shared launch ran without autotune's step switch "
                              f"(switches seen: {sorted(held.items())}) [log: {log_path}]")
-        return _with_wall([crash] * len(requests), outcome.wall_s)
+        outcomes = [crash] * len(requests)
+        share_launch_wall(outcomes, outcome.wall_s)
+        return outcomes
     failing = next((s for s in range(1, len(plan) + 1) if s not in stream.steps), None)
     for i, request in enumerate(requests):
         own = [s for s in range(1, len(plan) + 1) if plan[s - 1] == i and s > lead.warmup_steps]
@@ -118,7 +120,8 @@ def one_launch(runner, requests: list[ProbeRequest], reports: list[StepReporter]
         outcomes = [missing if o is None else o for o in outcomes]
     elif error is not None:  # every step was logged, then the process failed (teardown): the results stand
         pass
-    return _with_wall(outcomes, outcome.wall_s)
+    share_launch_wall(outcomes, outcome.wall_s)
+    return outcomes
 
 
 def _result(i: int, own: list[int], plan: list[int], warmup: int, stream, samples, run_dir: Path,
@@ -138,18 +141,6 @@ def _result(i: int, own: list[int], plan: list[int], warmup: int, stream, sample
         # the same configuration timed at the start and at the end of the launch: the step-to-step spread
         extra["launch"]["repeat_spread"] = round((max(series) - min(series)) / statistics.mean(series), 4)
     return result_of(summary, steps, stream, window, extra)
-
-
-def _with_wall(outcomes: list, wall_s: float) -> list:
-    """Share the launch's wall time among the configurations it decided, so a study's GPU time adds up."""
-    decided = [o for o in outcomes if o is not None]
-    share = wall_s / len(decided) if decided else 0.0
-    for o in decided:
-        if isinstance(o, ProbeResult):
-            o.extra["probe_wall_s"] = share
-        else:
-            o.probe_wall_s = share
-    return outcomes
 
 
 def read_switches(path: Path) -> dict[int, int]:
