@@ -167,3 +167,28 @@ def test_the_entry_point_starts_as_a_user_runs_it(tmp_path):
     done = subprocess.run([*argv, "--cfg", "job"], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"trainer_mode: {TRAINER_MODE}" in done.stdout and "total_training_steps: 3" in done.stdout
+
+
+@pytest.mark.verl_judge
+@pytest.mark.parametrize("kl", [False, True])
+def test_verl_validates_the_shared_launchs_config(tmp_path, kl):
+    """verl's own start-up check on what a shared launch runs: the probe config with autotune's trainer mode and
+    the schedule's env var (main() calls validate_config before Ray starts)."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    from autotune.backends.base import ProbeRequest
+    from autotune.backends.verl.runner import probe_command
+    from autotune.hardware import get_gpu
+    from autotune.verl.compose import compose_exported
+
+    request = ProbeRequest(model=get_model("qwen2.5-1.5b"), gpu=get_gpu("H200"), n_gpus=1, nodes=1,
+                           workload=Workload(use_kl_loss=kl, train_batch_size=16, ppo_mini_batch_size=16, rollout_n=8),
+                           candidate=Candidate(rollout_tp=1), run_dir=tmp_path / "run")
+    argv, _, _ = probe_command(request, total_steps=8, extra=[
+        f"trainer.v1.trainer_mode={TRAINER_MODE}",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.{SCHEDULE_ENV}='{tmp_path / 'step_schedule.json'}'"])
+    config = compose_exported(tmp_path / "run" / "probe.yaml", argv[5:])
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    assert config.trainer.v1.trainer_mode == TRAINER_MODE
+    assert config.trainer.total_training_steps == 8
