@@ -3,12 +3,14 @@
 # of run_tiny_grpo.sh with real verl, then `autotune train` on its best.yaml for 2 steps, then the torch
 # backend on the same job (TORCH=0 skips it). Everything lands in $RES (/tmp/res), tarred by collect.sh.
 # Env: SEED (default 1), TUNE (default benchmarks/verl_h200/tune.yaml), TRIALS (default 12), TORCH (default 1),
-# TRAIN (default 1; 0 skips autotune train)
+# TRAIN (default 1; 0 skips autotune train), RESUME_DB (a study's autotune.db from an earlier session, committed
+# under benchmarks/results: the study goes on from it, as `autotune run` resumes any stored study)
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=/tmp/repo; RES=${RES:-/tmp/res}; AT=/tmp/atout; SEED=${SEED:-1}; TUNE=${TUNE:-benchmarks/verl_h200/tune.yaml}; TRIALS=${TRIALS:-12}; TORCH=${TORCH:-1}; TRAIN=${TRAIN:-1}
 rm -rf "$REPO" && cp -r "$HERE/../../.." "$REPO" && rm -rf "$REPO/.carry"
-mkdir -p "$RES"
+mkdir -p "$RES" "$AT"
+[ -n "${RESUME_DB:-}" ] && cp "$REPO/$RESUME_DB" "$AT/autotune.db"
 source "$HERE/env.sh"
 export PYTHONPATH="$REPO:$PYTHONPATH"
 cd "$REPO"
