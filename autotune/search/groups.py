@@ -6,11 +6,17 @@ proposes a configuration, the launch that measures it also measures the most pro
 knobs under the same restart key: ranked by the model corrected by every probe so far (search/learned.py), by
 expected improvement over the best measured trial once there is one, else by its median; untried ones only, and
 only those verl's rules and the memory gate accept.
+
+Once there is an incumbent, a launch's GPU time is weighed too (item 4): members are ranked by expected improvement
+per GPU-second of their own step, and one joins only while it buys improvement at least as fast as its lead's whole
+launch does (start-up, warm-up and teardown as measured on this node in this study, plus the lead's step): a step
+spent on a member the model is sure is worse goes to the next launch instead.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import optuna
 from optuna.trial import TrialState
@@ -21,12 +27,14 @@ from autotune.search.learned import Acquisition, CorrectedModel, Scored
 from autotune.search.prescreen import MemoryGate
 from autotune.spaces.candidate import Candidate
 from autotune.spaces.space import SearchSpace
-from autotune.storage.records import is_result
+from autotune.storage.records import is_result, records
+from autotune.storage.tuning_cost import launch_overhead_s
 from autotune.verl.roles import separate_reference
 from autotune.verl.step_knobs import STEP_KNOBS
 from autotune.workload import Workload
 
 GROUP_ATTR = "launch_group"  # user attr: the trial number whose launch a member joins
+NOT_WORTH_ATTR = "members_not_worth_a_step"  # on a lead: untried per-step settings the GPU-time rule left out
 MAX_COMBINATIONS = 4096  # per-step values tried for one group (5 knobs, a handful of values each)
 
 
@@ -43,10 +51,11 @@ def step_variants(space: SearchSpace, lead: Candidate, workload: Workload):
 
 
 def members(study: optuna.Study, cfg: TuneConfig, space: SearchSpace, lead: Candidate, workload: Workload,
-            count: int) -> list[Scored]:
-    """Up to `count` untried configurations that share `lead`'s launch, most promising first."""
+            count: int) -> tuple[list[Scored], int | None]:
+    """Up to `count` untried configurations that share `lead`'s launch, most promising first; and how many untried
+    ones were not worth their step (None: not weighed, before the first measurement)."""
     if count <= 0:
-        return []
+        return [], None
     kl = separate_reference(workload)
     trials = study.get_trials(deepcopy=False)
     tried = tried_keys(trials, kl) | {config_key(t.params, kl) for t in trials if t.state == TrialState.WAITING}
@@ -62,8 +71,29 @@ def members(study: optuna.Study, cfg: TuneConfig, space: SearchSpace, lead: Cand
         scored = acq(cand, workload)
         if scored is not None:
             ranked.append(scored)
-    ranked.sort(key=lambda s: s.score, reverse=True)
-    return spread(ranked, lead, count)
+    if best is None:
+        ranked.sort(key=lambda s: s.score, reverse=True)
+        return spread(ranked, lead, count, key=lambda s: s.score), None
+    ranked.sort(key=improvement_per_step_s, reverse=True)
+    worth = worth_a_step(ranked, acq(lead, workload), launch_overhead_s(records(study)), cfg.probe.timed_steps)
+    return spread(worth, lead, count, key=improvement_per_step_s), len(ranked) - len(worth)
+
+
+def improvement_per_step_s(s: Scored) -> float:
+    """Expected improvement (tokens/s/GPU) per second of the step that measures it; the GPU count is the launch's,
+    the same for every member, so it drops out of every comparison."""
+    return s.score / s.step_s if s.step_s else 0.0
+
+
+def worth_a_step(ranked: list[Scored], lead: Scored | None, overhead_s: float | None,
+                 timed_steps: int) -> list[Scored]:
+    """The members whose expected improvement per GPU-second is at least the lead's launch's: its expected
+    improvement over its start-up, warm-up and teardown (`overhead_s`) and its own timed steps. Without a measured
+    launch or a scored lead, all of them."""
+    if lead is None or overhead_s is None or not lead.step_s:
+        return ranked
+    launch_rate = lead.score / (overhead_s + timed_steps * lead.step_s)
+    return [s for s in ranked if s.step_s and s.score / (timed_steps * s.step_s) >= launch_rate]
 
 
 # the knob of the update pass, the longest training phase: a launch tries several of its values before it tries
@@ -72,8 +102,9 @@ def members(study: optuna.Study, cfg: TuneConfig, space: SearchSpace, lead: Cand
 UPDATE_KNOBS = ("ppo_micro_batch_size_per_gpu", "ppo_max_token_len_per_gpu")
 
 
-def spread(ranked: list[Scored], lead: Candidate, count: int) -> list[Scored]:
-    """The best `count`, those with an update-pass setting neither the lead nor a better pick has first."""
+def spread(ranked: list[Scored], lead: Candidate, count: int, key: Callable[[Scored], float]) -> list[Scored]:
+    """The best `count` by `key` (`ranked` is in its order), those with an update-pass setting neither the lead nor
+    a better pick has first."""
     knob = UPDATE_KNOBS[1] if lead.use_dynamic_bsz else UPDATE_KNOBS[0]
     seen = {getattr(lead, knob)}
     first = []
@@ -83,13 +114,15 @@ def spread(ranked: list[Scored], lead: Candidate, count: int) -> list[Scored]:
             first.append(s)
             seen.add(value)
     rest = [s for s in ranked if s not in first]
-    return sorted(first + rest[:count - len(first)], key=lambda s: s.score, reverse=True)
+    return sorted(first + rest[:count - len(first)], key=key, reverse=True)
 
 
 def enqueue_members(study: optuna.Study, cfg: TuneConfig, space: SearchSpace, lead_trial: optuna.Trial,
                     lead: Candidate, workload: Workload, count: int) -> int:
     """Queue the members of `lead_trial`'s launch; returns how many. The driver takes them next (ask_group_member)."""
-    picked = members(study, cfg, space, lead, workload, count)
+    picked, not_worth = members(study, cfg, space, lead, workload, count)
+    if not_worth is not None:
+        lead_trial.set_user_attr(NOT_WORTH_ATTR, not_worth)
     for s in picked:
         study.enqueue_trial(space.params_of(s.candidate, s.workload),
                             user_attrs={GROUP_ATTR: lead_trial.number,

@@ -263,6 +263,7 @@ class Scored:
     median_tokens_per_s_per_gpu: float
     candidate: Candidate
     workload: Workload
+    step_s: float | None = None  # the corrected model's median step seconds: what measuring it costs a launch
 
 
 class Acquisition:
@@ -298,10 +299,10 @@ class Acquisition:
             if self.incumbent:
                 mu, var = self.model.log_time(params, base)
                 out = Scored(expected_improvement(math.log(per) - mu, var, self.incumbent), per / math.exp(mu),
-                             cand, workload)
+                             cand, workload, math.exp(mu))
             else:
-                median = per / self.model.step_s(params, base)
-                out = Scored(median, median, cand, workload)
+                step_s = self.model.step_s(params, base)
+                out = Scored(per / step_s, per / step_s, cand, workload, step_s)
         self._memo[key] = out
         return out
 

@@ -17,8 +17,7 @@ def tuning_cost(recs: list[TrialRecord], world_size: int, *, simulated: bool) ->
     configurations, and what a launch's start-up and a timed step cost on this node (medians)."""
     launched = [r for r in recs if r.user_attrs.get("launched")]
     probe_s = sum(r.user_attrs.get("probe_wall_s") or 0.0 for r in launched)
-    timed_s = sum((r.user_attrs.get("step_s") or 0.0) * len((r.user_attrs.get("series") or {}).get("perf/throughput")
-                                                            or ()) for r in launched)
+    timed_s = sum(timed_step_s(r.user_attrs) for r in launched)
     launches = {launch_of(r.user_attrs, r.number) for r in launched}
     startups = [r.user_attrs["stage_s"]["ready_to_fit"] for r in launched
                 if isinstance(r.user_attrs.get("stage_s"), dict) and "ready_to_fit" in r.user_attrs["stage_s"]]
@@ -28,6 +27,24 @@ def tuning_cost(recs: list[TrialRecord], world_size: int, *, simulated: bool) ->
             "probe_efficiency": timed_s / probe_s if probe_s else None,
             "startup_s": statistics.median(startups) if startups else None,
             "step_s": statistics.median(steps) if steps else None, "simulated": simulated}
+
+
+def timed_step_s(user_attrs: dict) -> float:
+    """The seconds of a probe's timed steps: its mean step times the steps it timed."""
+    return (user_attrs.get("step_s") or 0.0) * len((user_attrs.get("series") or {}).get("perf/throughput") or ())
+
+
+def launch_overhead_s(recs: list[TrialRecord]) -> float | None:
+    """What a launch costs beyond its timed steps on this node, seconds (the median over this study's launches that
+    measured something): start-up, the warm-up step, teardown, and any step that measured nothing. A launch that
+    failed before its first step is left out; it says what a failure costs, not what a launch does."""
+    walls: dict[tuple, list[dict]] = {}
+    for r in recs:
+        if r.user_attrs.get("launched") and r.user_attrs.get("probe_wall_s"):
+            walls.setdefault(launch_of(r.user_attrs, r.number), []).append(r.user_attrs)
+    overheads = [sum(a["probe_wall_s"] for a in attrs) - sum(timed_step_s(a) for a in attrs)
+                 for attrs in walls.values() if any(timed_step_s(a) > 0 for a in attrs)]
+    return statistics.median(overheads) if overheads else None
 
 
 def launch_of(user_attrs: dict, number: int) -> tuple:

@@ -14,9 +14,10 @@ from autotune.backends.sim import SimRunner
 from autotune.backends.verl.runner import ProbeLimits, VerlRunner
 from autotune.config import ProbeBudget
 from autotune.search.driver import fail_dead_local_trials, open_study, run_study
-from autotune.search.groups import GROUP_ATTR
+from autotune.search.groups import GROUP_ATTR, NOT_WORTH_ATTR, improvement_per_step_s, worth_a_step
+from autotune.search.learned import Scored
 from autotune.spaces.candidate import Candidate
-from autotune.storage.tuning_cost import tuning_cost
+from autotune.storage.tuning_cost import launch_overhead_s, tuning_cost
 from autotune.storage.records import records
 from autotune.verl.step_knobs import restart_key
 
@@ -132,3 +133,32 @@ def test_a_verl_study_shares_launches_and_grades_an_oom_in_the_middle(tmp_path):
             assert t.user_attrs["tokens_per_s_per_gpu"] == 1000.0 + 10 * micro, "its own step, not another's"
     ooms = [t for t in launched if t.user_attrs["state"] == "oom"]
     assert all(t.user_attrs["candidate"]["ppo_micro_batch_size_per_gpu"] == 32 for t in ooms)
+
+
+def _scored(ei, step_s, micro=4):
+    return Scored(ei, 1000.0, Candidate(ppo_micro_batch_size_per_gpu=micro), Workload(), step_s)
+
+
+def test_a_member_joins_while_it_buys_improvement_as_fast_per_gpu_second_as_its_launch():
+    lead = _scored(ei=100.0, step_s=50.0)  # over a 300 s overhead and its own step: 100 / 350 per second
+    fast, slow_step, little = _scored(20.0, 50.0, 8), _scored(20.0, 80.0, 16), _scored(10.0, 50.0, 32)
+    ranked = sorted([little, slow_step, fast], key=improvement_per_step_s, reverse=True)
+    assert ranked == [fast, slow_step, little]
+    assert worth_a_step(ranked, lead, overhead_s=300.0, timed_steps=1) == [fast]  # 0.4/s; 0.25 and 0.2 < 0.286
+    assert worth_a_step(ranked, lead, overhead_s=600.0, timed_steps=1) == [fast, slow_step, little]
+    assert worth_a_step(ranked, lead, overhead_s=None, timed_steps=1) == ranked, "no launch measured yet"
+    assert worth_a_step(ranked, None, overhead_s=300.0, timed_steps=1) == ranked, "a lead the model cannot score"
+
+
+def test_after_the_first_launch_the_members_are_weighed_by_gpu_time(tmp_path):
+    """A sim study: the first launch (no incumbent, no launch measured) fills up unweighed; every later lead records
+    how many untried per-step settings the rule left out, and its members are its own."""
+    study = run_study(_cfg(tmp_path, trials=16, probe=ProbeBudget(configs_per_launch=6)), get_runner("sim"))
+    launches = sorted(_launches(study).values(), key=lambda ts: min(t.number for t in ts))
+    assert len(launches) >= 3 and len(launches[0]) == 6
+    assert NOT_WORTH_ATTR not in min(launches[0], key=lambda t: t.number).user_attrs
+    assert launch_overhead_s(records(study)) > 0
+    for trials in launches[1:]:
+        lead = min(trials, key=lambda t: t.number)
+        assert lead.user_attrs[NOT_WORTH_ATTR] >= 0
+        assert all(t.user_attrs.get(GROUP_ATTR) == lead.number for t in trials if t is not lead)

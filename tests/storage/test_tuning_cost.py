@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from autotune.storage.tuning_cost import describe, payback, planned_steps, tuning_cost
+from autotune.storage.tuning_cost import describe, launch_overhead_s, payback, planned_steps, tuning_cost
 
 RESULTS = Path(__file__).parents[2] / "benchmarks" / "results"
 
@@ -33,6 +33,15 @@ def test_a_shared_launch_is_one_launch_and_its_wall_time_is_counted_once():
     assert cost["probes"] == 4 and cost["launches"] == 2
     assert cost["gpu_hours"] == pytest.approx(900 / 3600) and cost["probe_efficiency"] == pytest.approx(250 / 900)
     assert "over 4 probe(s) in 2 launch(es)" in describe(cost, None)
+
+
+def test_a_launchs_overhead_is_its_wall_time_less_its_timed_steps_median_over_launches():
+    shared = {"run_dir": "/r/trial0003", "trials": [3, 4, 5]}
+    recs = ([_rec(wall_s=200.0, timed=1, number=n, launch=shared) for n in (3, 4, 5)]  # 600 s, 150 s timed
+            + [_rec(wall_s=400.0, number=6), _rec(wall_s=380.0, number=7)]  # alone: 300 and 280 s of overhead
+            + [_rec(wall_s=90.0, timed=0, number=8)])  # failed at start-up: says what a failure costs, left out
+    assert launch_overhead_s(recs) == pytest.approx(300.0)  # median of 450, 300, 280
+    assert launch_overhead_s([_rec(wall_s=90.0, timed=0)]) is None
 
 
 def test_payback_in_hours_of_the_tuned_run():
