@@ -99,12 +99,19 @@ SCRIPTS = {
     "arith_4300_digits": b"#!/bin/bash\nA=$((99999999999999999999*99999999999999999999))\n"
                          b"python3 -m verl.trainer.main_ppo data.train_batch_size=$((" + b"*".join([b"A"] * 300)
                          + b")) actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct\n",
+    # issue 33: bounds on what --from reads, each refused in one line naming the bound
+    "doubling_chain.sh": b"A=" + b"x" * 1000 + b"\n" + b"A=$A$A\n" * 40 + b"python3 -m verl.trainer.main_ppo a=$A\n",
+    "long_line.sh": b"python3 -m verl.trainer.main_ppo data.train_files=" + b"x" * 100_000 + b"\n",
+    "big_file.sh": b"python3 -m verl.trainer.main_ppo data.train_files=" + b"x" * 20_000_000 + b"\n",
+    "alias_bomb.yaml": b"a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + b"".join(
+        f"{k}: &{k} [{', '.join([f'*{p}'] * 10)}]\n".encode() for p, k in zip("abcdef", "bcdefg")),
+    "interpolation.yaml": b"data:\n  train_batch_size: ${oops\n",
 }
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_bad_launch_script(tmp_path, name):
-    script = tmp_path / "run.sh"
+    script = tmp_path / (name if "." in name else "run.sh")
     script.write_bytes(SCRIPTS[name])
     proc = _cli("run", "--from", str(script), "--gpus", "8", "--backend", "sim", "--out", str(tmp_path / "o"))
     assert proc.returncode == 2, (name, proc.stdout, proc.stderr)

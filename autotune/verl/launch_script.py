@@ -15,13 +15,16 @@ from __future__ import annotations
 import ast
 import fnmatch
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+import stat
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple, Union
 
 import yaml
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from autotune.errors import ConfigError
 from autotune.verl.hydra_syntax import hydra_value
@@ -31,6 +34,17 @@ __all__ = ["ImportedJob", "LaunchScriptError", "import_config_yaml", "import_lau
 
 class LaunchScriptError(ConfigError):
     """The script or config cannot be imported at all (one line, naming the file)."""
+
+
+# Bounds on what `--from` reads (issue 33): verl's largest example script is 12 KiB with 140-character lines, so
+# these are far above any real job and low enough that reading up to them takes well under a second. Past one
+# the import stops with one line naming the bound, instead of parsing for minutes or running out of memory.
+MAX_JOB_FILE_BYTES = 256 << 10
+MAX_LINE_CHARS = 16 << 10
+MAX_EXPANSION_CHARS = 1 << 20  # what the words of one command expand to (`B=$A$A` ten times over doubles 1024x)
+MAX_EXPANSION_WORDS = 10_000  # the words of `"${A[@]}"` (a verl command has a few hundred at most)
+MAX_EXPANSION_DEPTH = 32  # `${A:-${B:-...}}` nested in each other, or variables naming variables in `$(( ))`
+MAX_YAML_NODES = 100_000  # values once YAML aliases are expanded: config.MAX_YAML_NODES, tune.yaml's cap
 
 
 @dataclass(frozen=True)
@@ -46,6 +60,9 @@ class ImportedJob:
     unresolved_keys: tuple[str, ...] = ()
     entry_module: str = "verl.trainer.main_ppo"  # what `python -m` runs
     keys_after_args: tuple[str, ...] = ()  # keys the script sets after passing on its own arguments ("$@")
+    # the part of `env` the job's process receives: exported (`export`, `declare -x`, `X=1 python3 ...`) or already
+    # in the environment the script starts in
+    exported_env: dict[str, str] = field(default_factory=dict)
 
     def resolved_overrides(self) -> dict[str, str]:
         return {key: value for key, value in self.overrides.items() if key not in self.unresolved_keys}
@@ -82,6 +99,7 @@ class _Op(NamedTuple):
 
 
 _OPERATORS = ("<<<", "&&", "||", ";;", ">>", ">&", "<&", "&>", "<<", "|", "&", ";", "<", ">", "(", ")", "\n")
+_OPERATOR_STARTS = frozenset(op[0] for op in _OPERATORS)  # most characters start none: skip the search
 _SEPARATORS = {"\n", ";", ";;", "&&", "||", "&"}
 _REDIRECTIONS = {"<<<", ">>", ">&", "<&", "&>", "<<", "<", ">"}
 _NAME = re.compile(r"[A-Za-z_]\w*")
@@ -107,20 +125,31 @@ class _WordBuilder:
             self.offset = offset
         last = self.parts[-1] if self.parts else None
         if part[0] == "lit" and last and last[0] == "lit" and last[2] == part[2]:
-            self.parts[-1] = ("lit", last[1] + part[1], part[2])
+            # characters are gathered in a list and joined once: `last + char` per character is quadratic
+            chunks = last[1] if isinstance(last[1], list) else [last[1]]
+            chunks.append(part[1])
+            self.parts[-1] = ("lit", chunks, part[2])
         else:
+            self._join_last()
             self.parts.append(part)
+
+    def _join_last(self) -> None:
+        if self.parts and self.parts[-1][0] == "lit" and isinstance(self.parts[-1][1], list):
+            self.parts[-1] = ("lit", "".join(self.parts[-1][1]), self.parts[-1][2])
 
     def assignment_prefix(self) -> bool:
         """`NAME=` or `NAME+=` so far: a following `(` opens an array literal."""
+        self._join_last()
         return (len(self.parts) == 1 and self.parts[0][0] == "lit" and not self.parts[0][2]
                 and _ASSIGNMENT.fullmatch(self.parts[0][1]) is not None)
 
     def fd_number(self) -> bool:
         """Just digits so far: the file descriptor of a redirection like `2>&1`."""
+        self._join_last()
         return len(self.parts) == 1 and self.parts[0][0] == "lit" and self.parts[0][1].isdigit()
 
     def flush(self, out: list) -> None:
+        self._join_last()
         if self.parts:
             out.append(_Word(tuple(self.parts), self.offset))
         self.parts, self.offset = [], -1
@@ -178,7 +207,7 @@ class _Lexer:
                 self.i += 1
                 elements = tuple(t for t in self.tokens(closing=")") if isinstance(t, _Word))
                 word.add(("array", elements), start)
-            elif op := next((op for op in _OPERATORS if text.startswith(op, self.i)), None):
+            elif c in _OPERATOR_STARTS and (op := next(op for op in _OPERATORS if text.startswith(op, self.i))):
                 if op in _REDIRECTIONS and word.fd_number():
                     word = _WordBuilder()
                 word.flush(out)
@@ -339,6 +368,11 @@ def _joined(elements: list[_Text]) -> _Text:
     return tuple(piece for k, element in enumerate(elements) for piece in ((" ", ()),) * (k > 0) + element)
 
 
+def _int64(value: int) -> int:
+    """`value` as bash's 64-bit arithmetic holds it: it wraps (9223372036854775807 + 1 is -9223372036854775808)."""
+    return (value + (1 << 63)) % (1 << 64) - (1 << 63)
+
+
 def _known_prefix(value: _Text) -> str:
     prefix = []
     for text, names in value:
@@ -409,6 +443,7 @@ class _Shell:
         self.sourced: list[str] = []
         self.invocations: list[_Invocation] = []
         self.entry_points_seen: list[str] = []
+        self.depth = 0  # nesting of expansions now under way (deeper())
 
     # ---- variables
     def lookup(self, name: str) -> _Value | None:
@@ -443,12 +478,26 @@ class _Shell:
         """The fields a word expands to: unquoted expansions are split on blanks, "${A[@]}" gives one per element."""
         fields: list[_Text] = []
         current: list[_Piece] | None = None
+        size_chars = 0  # of everything this word expands to: bounded by MAX_EXPANSION_CHARS
 
         def end_field() -> None:
             nonlocal current
             if current is not None:
                 fields.append(tuple(current))
+                if len(fields) > MAX_EXPANSION_WORDS:
+                    raise LaunchScriptError(f"{self.source}: a word expands to more than {MAX_EXPANSION_WORDS} words "
+                                            "(the expansion size limit)")
             current = None
+
+        def add(pieces) -> None:
+            nonlocal current, size_chars
+            for text, _ in pieces:
+                size_chars += len(text) + 1  # + 1: a field of empty pieces still costs
+            if size_chars > MAX_EXPANSION_CHARS:
+                raise LaunchScriptError(f"{self.source}: a word expands to more than {MAX_EXPANSION_CHARS} characters "
+                                        "(the expansion size limit)")
+            current = current if current is not None else []
+            current.extend(pieces)
 
         for part in word.parts:
             value = self.part_value(part)
@@ -459,17 +508,17 @@ class _Shell:
                 if k:
                     end_field()
                 if quoted or not split:
-                    current = (current or []) + list(element)
+                    add(element)
                     continue
                 for text, names in element:
                     if names:
-                        current = (current or []) + [(text, names)]
+                        add([(text, names)])
                         continue
                     for n, chunk in enumerate(re.split(r"[ \t\n]+", text)):
                         if n:
                             end_field()
                         if chunk:
-                            current = (current or []) + [(chunk, ())]
+                            add([(chunk, ())])
         end_field()
         return fields
 
@@ -527,9 +576,23 @@ class _Shell:
         return default
 
     def nested_word(self, word: str) -> _Text:
-        lexer = _Lexer(word, self.source)
-        tokens = lexer.tokens(single_word=True)
-        return self.expand_one(tokens[0].parts) if tokens else ()
+        with self.deeper():
+            lexer = _Lexer(word, self.source)
+            tokens = lexer.tokens(single_word=True)
+            return self.expand_one(tokens[0].parts) if tokens else ()
+
+    @contextmanager
+    def deeper(self) -> Iterator[None]:
+        """One more level of nested expansion; past MAX_EXPANSION_DEPTH the import stops (bash has a limit too:
+        "expression recursion level exceeded")."""
+        if self.depth >= MAX_EXPANSION_DEPTH:
+            raise LaunchScriptError(f"{self.source}: expansions nested more than {MAX_EXPANSION_DEPTH} levels deep "
+                                    "(the expansion depth limit)")
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
 
     def arithmetic(self, expr: str, source: str) -> _Text:
         """Integer + - * / % over literals and variables, as `$(( ))` computes them; anything else is unread."""
@@ -537,21 +600,22 @@ class _Shell:
 
         def number(node) -> int:
             if isinstance(node, ast.Constant) and type(node.value) is int:
-                return node.value
+                return _int64(node.value)
             if isinstance(node, ast.Name):
                 value = self.scalar(node.id)
                 if value is None or _names(value):
                     missing.extend(_names(value) if value else (node.id,))
                     return 1
-                return number(ast.parse(_text(value).strip() or "0", mode="eval").body)
+                with self.deeper():  # a variable holding an expression: `A=B+1`, `B=A` would never end
+                    return number(ast.parse(_text(value).strip() or "0", mode="eval").body)
             if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-                return -number(node.operand) if isinstance(node.op, ast.USub) else number(node.operand)
+                return _int64(-number(node.operand)) if isinstance(node.op, ast.USub) else number(node.operand)
             if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Mod)):
                 a, b = number(node.left), number(node.right)
                 if isinstance(node.op, (ast.Div, ast.Mod)):
                     quotient = abs(a) // abs(b) * (1 if (a < 0) == (b < 0) else -1)  # bash truncates toward 0
-                    return quotient if isinstance(node.op, ast.Div) else a - b * quotient
-                return {ast.Add: a + b, ast.Sub: a - b, ast.Mult: a * b}[type(node.op)]
+                    return _int64(quotient if isinstance(node.op, ast.Div) else a - b * quotient)
+                return _int64({ast.Add: a + b, ast.Sub: a - b, ast.Mult: a * b}[type(node.op)])
             raise ValueError(ast.dump(node))
 
         try:
@@ -719,19 +783,23 @@ class _Shell:
         unresolved = dict.fromkeys(hydra.unresolved)
         unresolved.update(dict.fromkeys(self.uncertain_blocks()))
         env: dict[str, str] = {}
-        script_vars = [(name, value, name in self.exported) for name, value in self.vars.items()
-                       if value is not None and not isinstance(value, list)]
+        exported_env: dict[str, str] = {}
+        # bash passes a variable on when it is exported, or already was in the environment the script started in
+        script_vars = [(name, value, name in self.exported or name in self.environ)
+                       for name, value in self.vars.items() if value is not None and not isinstance(value, list)]
         command_vars = [(name, self.expand_one(parts), True) for name, _append, parts in prefix]  # `X=1 python3 ...`
         for name, value, reaches_job in script_vars + command_vars:
             if not _names(value):
                 env[name] = _text(value)
+                if reaches_job:
+                    exported_env[name] = _text(value)
             elif reaches_job:  # an unknown value in the job's environment
                 unresolved.update(dict.fromkeys(_names(value)))
         unresolved.update(dict.fromkeys(self.sourced))
         job = ImportedJob(source=self.source, overrides=hydra.overrides, config_path=hydra.config_path,
                           config_name=hydra.config_name, env=env, unresolved=tuple(unresolved),
                           unresolved_keys=hydra.unresolved_keys, entry_module=module,
-                          keys_after_args=hydra.keys_after_args)
+                          keys_after_args=hydra.keys_after_args, exported_env=exported_env)
         self.invocations.append(_Invocation(command.offset, job))
 
 
@@ -803,16 +871,46 @@ def import_launch_text(text: str, *, source: str = "<text>", environ: Mapping[st
     return shell.invocations[0].job
 
 
-def import_launch_script(path, environ: Mapping[str, str] | None = None) -> ImportedJob:
-    path = Path(path)
-    if not path.is_file():
-        raise LaunchScriptError(f"launch script not found: {path}")
+def _read_job_file(path: Path, what: str) -> str:
+    """The text of a `--from` file, or one line: missing, not a regular file (a folder, a FIFO, /dev/zero: a FIFO
+    is never opened, opening one waits for a writer), over MAX_JOB_FILE_BYTES, a line over MAX_LINE_CHARS, not
+    UTF-8."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise LaunchScriptError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise LaunchScriptError(f"{what} not found: {path}") from None
     except OSError as exc:
         raise LaunchScriptError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        raise LaunchScriptError(f"{path}: not a regular file ({_file_kind(mode)}); --from takes a {what}")
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_JOB_FILE_BYTES + 1)  # never more than the limit, whatever the file's size
+    except OSError as exc:
+        raise LaunchScriptError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_JOB_FILE_BYTES:
+        raise LaunchScriptError(f"{path}: larger than {MAX_JOB_FILE_BYTES >> 10} KiB (the size limit of a --from "
+                                f"{what})")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise LaunchScriptError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    for line_number, line in enumerate(text.splitlines(), start=1):
+        if len(line) > MAX_LINE_CHARS:
+            raise LaunchScriptError(f"{path}: line {line_number} is longer than {MAX_LINE_CHARS} characters (the "
+                                    "line length limit)")
+    return text
+
+
+def _file_kind(mode: int) -> str:
+    return ("a folder" if stat.S_ISDIR(mode) else "a named pipe" if stat.S_ISFIFO(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "not a file")
+
+
+def import_launch_script(path, environ: Mapping[str, str] | None = None) -> ImportedJob:
+    path = Path(path)
+    text = _read_job_file(path, "launch script")
     return import_launch_text(text, source=str(path), environ=environ)
 
 
@@ -823,17 +921,20 @@ def import_config_yaml(path) -> ImportedJob:
     entries in `defaults`, which become `overrides[GROUP] = OPTION` (e.g. model_engine=megatron).
     """
     path = Path(path)
-    if not path.is_file():
-        raise LaunchScriptError(f"config file not found: {path}")
+    text = _read_job_file(path, "config file")
     try:  # OmegaConf's YAML rules, as Hydra reads the file (1e-6 is a float there, a string to PyYAML)
-        loaded = OmegaConf.load(path)
+        _check_yaml_size(text, path)  # before OmegaConf, which copies every alias into a node of its own
+        loaded = OmegaConf.create(text)
         data = OmegaConf.to_container(loaded, resolve=False)
     except yaml.YAMLError as exc:
         raise LaunchScriptError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
-    except UnicodeDecodeError as exc:
-        raise LaunchScriptError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except RecursionError:
         raise LaunchScriptError(f"{path}: nested too deeply") from None
+    except OmegaConfBaseException as exc:  # an interpolation Hydra cannot parse: `${oops` (its message is many lines)
+        key = getattr(exc, "full_key", None)
+        reason = str(getattr(exc, "msg", None) or exc).strip().splitlines()[0]
+        raise LaunchScriptError(f"{path}: {'key ' + key + ': ' if key else ''}Hydra cannot read this value "
+                                f"({reason})") from None
     if not isinstance(data, dict):
         raise LaunchScriptError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     overrides: dict[str, str] = {}
@@ -846,6 +947,33 @@ def import_config_yaml(path) -> ImportedJob:
             _flatten(str(key), value, overrides, loaded)
     return ImportedJob(source=str(path), overrides=overrides, config_path=None, config_name=None, env={},
                        unresolved=())
+
+
+def _check_yaml_size(text: str, path: Path) -> None:
+    """Refuse a YAML document of more than MAX_YAML_NODES values once its aliases are expanded (a "billion laughs"
+    file), counted on PyYAML's node graph, where an alias is one shared node: each node's expanded size is computed
+    once, so the count is linear in the file however far the aliases would expand."""
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()  # entered, not yet summed: meeting one again is an alias to its own ancestor
+    stack = [(root, False)] if root is not None else []
+    while stack:  # post-order without recursion: a deeply nested file must not hit Python's recursion limit here
+        node, children_done = stack.pop()
+        if id(node) in sizes:
+            continue
+        if not children_done and id(node) in open_nodes:
+            raise LaunchScriptError(f"{path}: a YAML alias refers to a value that contains it (it never ends)")
+        open_nodes.add(id(node))
+        children = ([child for pair in node.value for child in pair] if isinstance(node, yaml.MappingNode)
+                    else node.value if isinstance(node, yaml.SequenceNode) else [])
+        if not children_done:
+            stack.append((node, True))
+            stack.extend((child, False) for child in children if id(child) not in sizes)
+            continue
+        sizes[id(node)] = 1 + sum(sizes[id(child)] for child in children)
+        if sizes[id(node)] > MAX_YAML_NODES:
+            raise LaunchScriptError(f"{path}: more than {MAX_YAML_NODES} values once YAML aliases are expanded "
+                                    "(the limit tune.yaml has too)")
 
 
 # a reference to another key of the same file, plain or through oc.select; other resolvers (oc.env, ...) read the

@@ -277,6 +277,111 @@ def test_import_config_yaml_rejects_a_non_mapping(tmp_path):
         import_config_yaml(path)
 
 
+# ---- bounds on what --from reads (issue 33): each refused in one line naming the bound, well within a second
+
+def _refused_quickly(call, message: str) -> None:
+    import time
+
+    start = time.perf_counter()
+    with pytest.raises(LaunchScriptError) as info:
+        call()
+    assert time.perf_counter() - start < 1.0
+    assert message in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+
+def test_a_script_over_the_size_limit_is_refused_without_reading_it_all(tmp_path):
+    from autotune.verl.launch_script import MAX_JOB_FILE_BYTES
+
+    path = tmp_path / "big.sh"
+    with path.open("wb") as fh:  # 1 GiB, sparse: reading it all would take minutes
+        fh.truncate(1 << 30)
+    _refused_quickly(lambda: import_launch_script(path), f"larger than {MAX_JOB_FILE_BYTES >> 10} KiB")
+
+
+def test_a_line_over_the_length_limit_is_refused(tmp_path):
+    from autotune.verl.launch_script import MAX_LINE_CHARS
+
+    path = tmp_path / "long.sh"
+    path.write_text(f"{ENTRY} data.train_files=" + "x" * (MAX_LINE_CHARS + 1) + "\n")
+    _refused_quickly(lambda: import_launch_script(path), f"line 1 is longer than {MAX_LINE_CHARS} characters")
+
+
+def test_a_script_just_under_the_bounds_reads_in_a_second(tmp_path):
+    """Reading was quadratic in a word's length (250k characters took 3 s, 1M 39 s)."""
+    import time
+
+    from autotune.verl.launch_script import MAX_JOB_FILE_BYTES, MAX_LINE_CHARS
+
+    lines = [f"{ENTRY} \\"] + [f"  k{n}.v=" + "x" * (MAX_LINE_CHARS - 20) + " \\" for n in range(10)]
+    lines += [f"  a{n}.b={n} \\" for n in range((MAX_JOB_FILE_BYTES - 12 * MAX_LINE_CHARS) // 16)]
+    text = "\n".join(lines) + "\n"
+    assert len(text) < MAX_JOB_FILE_BYTES
+    start = time.perf_counter()
+    job = run(text)
+    assert time.perf_counter() - start < 2.0
+    assert job.overrides["k9.v"] == "x" * (MAX_LINE_CHARS - 20)
+
+
+def test_a_doubling_chain_of_variables_is_refused_at_the_expansion_size_limit():
+    from autotune.verl.launch_script import MAX_EXPANSION_CHARS
+
+    script = "A=" + "x" * 1000 + "\n" + "A=$A$A\n" * 40 + f"{ENTRY} data.train_files=$A\n"
+    _refused_quickly(lambda: run(script), f"more than {MAX_EXPANSION_CHARS} characters")
+    arrays = "A=(a b c d e f g h)\n" + 'A=("${A[@]}" "${A[@]}")\n' * 40 + f'{ENTRY} "${{A[@]}}"\n'
+    _refused_quickly(lambda: run(arrays), "more than 10000 words (the expansion size limit)")
+
+
+def test_nested_expansions_are_refused_at_the_depth_limit():
+    from autotune.verl.launch_script import MAX_EXPANSION_DEPTH
+
+    nested = f"{ENTRY} a.b=" + "${X:-" * 2000 + "1" + "}" * 2000 + "\n"
+    _refused_quickly(lambda: run(nested), f"more than {MAX_EXPANSION_DEPTH} levels deep")
+    cycle = f"A=B\nB=A\n{ENTRY} a.b=$((A))\n"  # bash: "expression recursion level exceeded"
+    _refused_quickly(lambda: run(cycle), "expansion depth limit")
+    shallow = f"{ENTRY} a.b=" + "${X:-" * 5 + "1" + "}" * 5 + "\n"
+    assert run(shallow).overrides["a.b"] == "1"
+
+
+def test_arithmetic_wraps_at_64_bits_as_bash_does():
+    job = run(f"{ENTRY} a=$((9223372036854775807+1)) b=$((-9223372036854775807-3)) c=$((3037000500*3037000500))\n")
+    assert job.overrides == {"a": "-9223372036854775808", "b": "9223372036854775806", "c": "-9223372036709301616"}
+
+
+def test_a_yaml_alias_bomb_is_refused_at_the_tune_yaml_cap(tmp_path):
+    from autotune.config import MAX_YAML_NODES as TUNE_YAML_CAP
+    from autotune.verl.launch_script import MAX_YAML_NODES
+
+    assert MAX_YAML_NODES == TUNE_YAML_CAP
+    path = tmp_path / "bomb.yaml"  # 10**7 values once expanded: OmegaConf took 89 s at 6 levels, 7 never ended
+    path.write_text("a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
+        f"{k}: &{k} [{', '.join([f'*{p}'] * 10)}]\n" for p, k in zip("abcdef", "bcdefg")))
+    _refused_quickly(lambda: import_config_yaml(path), f"more than {MAX_YAML_NODES} values once YAML aliases")
+    path.write_text("a: &a [1, *a]\n")
+    _refused_quickly(lambda: import_config_yaml(path), "refers to a value that contains it")
+    path.write_text("a: &a {x: 1}\nb: *a\n")  # an alias within the cap is read as Hydra reads it
+    assert import_config_yaml(path).overrides == {"a.x": "1", "b.x": "1"}
+
+
+def test_a_yaml_interpolation_hydra_cannot_parse_is_one_line(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("data:\n  train_batch_size: ${oops\n")
+    _refused_quickly(lambda: import_config_yaml(path), "key data.train_batch_size: Hydra cannot read this value")
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo", "device"])
+def test_a_from_path_that_is_not_a_regular_file_says_so(tmp_path, kind):
+    import os
+
+    path = {"folder": tmp_path / "d.sh", "fifo": tmp_path / "f.sh", "device": Path("/dev/zero")}[kind]
+    if kind == "folder":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)  # opening it would wait for a writer forever
+    expected = {"folder": "a folder", "fifo": "a named pipe", "device": "a device"}[kind]
+    _refused_quickly(lambda: import_launch_script(path), f"not a regular file ({expected})")
+    _refused_quickly(lambda: import_config_yaml(path), f"not a regular file ({expected})")
+
+
 # ---- every real verl example script
 
 # file: (algorithm.adv_estimator, actor_rollout_ref.model.path, trainer.n_gpus_per_node, unresolved).
