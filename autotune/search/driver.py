@@ -57,7 +57,8 @@ def study_identity(cfg: TuneConfig) -> dict:
     model_spec = {k: v for k, v in asdict(cfg.model).items() if k != "shapes_from"}  # exported model.path, shapes
     return {"model": cfg.model.name, "model_spec": model_spec, "gpus_per_node": cfg.gpus_per_node, "nodes": cfg.nodes, "gpu": cfg.gpu.name,
             "backend": cfg.backend, "workload": asdict(cfg.workload), "objective": cfg.search.objective,
-            "passthrough": cfg.passthrough, "source": cfg.source}
+            "passthrough": cfg.passthrough, "source": cfg.source,
+            **({"env": cfg.env} if cfg.env else {})}  # absent when empty: studies stored before it still resume
 
 
 # the storage each opened study was created on: the lease reads and fails other tuners' trials through its
@@ -381,8 +382,9 @@ def _group_members(ctx: StudyContext, study: optuna.Study, executor: Executor, l
     cfg = ctx.cfg
     room = min(group_size(cfg, ctx.runner, executor) - 1,
                cfg.trials - finished_count(study) - executor.in_flight() - 1)
-    if cfg.budget.probes is not None:
-        room = min(room, cfg.budget.probes - spent(study, cfg.world_size).probes - 1)
+    if cfg.budget.probes is not None:  # the lead counts once: prepare_trial has already marked it launched
+        lead_uncounted = 0 if lead.trial.user_attrs.get("launched") else 1
+        room = min(room, cfg.budget.probes - spent(study, cfg.world_size).probes - lead_uncounted)
     if room <= 0 or not ctx.runner.can_share(lead.request):
         return []
     req = lead.request
@@ -538,25 +540,35 @@ def prepare_trial(ctx: StudyContext, study: optuna.Study,
     trial.set_user_attr("predicted_peak_gib", mem.peak_gib)
     trial.set_user_attr("predicted_memory_ratio", ratio)
     gate = MemoryGate.of(study)
+    # the user's own job is evidence: it runs where they run it, so a predicted OOM is recorded and shown, and the
+    # job is launched anyway (its measurement corrects the gate: record_outcome)
+    users_job = cfg.baseline is not None and bool(trial.user_attrs.get("baseline"))
+    predicted_oom = []
     if cfg.search.prescreen and not gate.admits(ratio):
         fit = known_fit(params, study) if cfg.search.boundaries else None
-        if fit is None:
-            _reject_memory(study, trial, max(mem.over_gib, (ratio - 1 - gate.margin) * mem.capacity_gib),
-                           f"predicted OOM before launch: {mem.peak_gib:.1f} GiB in {mem.worst_phase} of "
-                           f"{mem.capacity_gib:.1f} GiB" + ("" if mem.kv_cache_fits else
-                                                            " (no room for the KV cache)")
-                           + f" (gate: ratio {ratio:.2f} > {1 + gate.margin:.2f})")
+        reason = (f"predicted OOM before launch: {mem.peak_gib:.1f} GiB in {mem.worst_phase} of "
+                  f"{mem.capacity_gib:.1f} GiB" + ("" if mem.kv_cache_fits else " (no room for the KV cache)")
+                  + f" (gate: ratio {ratio:.2f} > {1 + gate.margin:.2f})")
+        if fit is None and not users_job:
+            _reject_memory(study, trial, max(mem.over_gib, (ratio - 1 - gate.margin) * mem.capacity_gib), reason)
             return None
-        trial.set_user_attr("known_fit_from", fit.number)
+        if fit is not None:
+            trial.set_user_attr("known_fit_from", fit.number)
+        else:
+            predicted_oom.append(reason)
     host = estimate_host_memory(cfg.model, workload, candidate, layout, gpus_per_node=cfg.gpus_per_node,
                                 capacity_gib=cfg.host_mem_gib)
     trial.set_user_attr("predicted_host_gib", host.node_gib)
     if cfg.search.prescreen and not host.fits:
-        _reject_memory(study, trial, host.over_gib,
-                       f"predicted host OOM before launch: {host.describe()} of {cfg.host_mem_gib:.1f} GiB "
-                       f"(plans for {HOST_HEADROOM:.0%})")
-        return None
-    return launch_request(ctx, study, trial, candidate, workload), ratio
+        reason = (f"predicted host OOM before launch: {host.describe()} of {cfg.host_mem_gib:.1f} GiB "
+                  f"(plans for {HOST_HEADROOM:.0%})")
+        if not users_job:
+            _reject_memory(study, trial, host.over_gib, reason)
+            return None
+        predicted_oom.append(reason)
+    if predicted_oom:
+        trial.set_user_attr("predicted_oom", "; ".join(predicted_oom) + "; launched anyway: it is your job")
+    return launch_request(ctx, study, trial, candidate, workload, users_job=users_job), ratio
 
 
 def _record_inferred_oom(study: optuna.Study, trial: optuna.Trial, source: optuna.trial.FrozenTrial) -> None:
@@ -576,7 +588,7 @@ def _tell_placeholder(study: optuna.Study, trial: optuna.Trial) -> None:
 
 
 def launch_request(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial, candidate: Candidate,
-                   workload: Workload) -> ProbeRequest:
+                   workload: Workload, *, users_job: bool = False) -> ProbeRequest:
     cfg = ctx.cfg
     run_dir = (Path(cfg.out_dir) / "runs" / f"{cfg.study_name}-trial{trial.number:04d}").resolve()
     if not ctx.runner.simulated:
@@ -589,7 +601,7 @@ def launch_request(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial, 
     return ProbeRequest(model=cfg.model, gpu=cfg.gpu, n_gpus=cfg.gpus_per_node, nodes=cfg.nodes,
                         passthrough=cfg.passthrough, workload=workload, candidate=candidate, run_dir=run_dir,
                         trial_number=trial.number, warmup_steps=cfg.probe.warmup_steps,
-                        timed_steps=cfg.probe.timed_steps)
+                        timed_steps=cfg.probe.timed_steps, users_job=users_job, env=dict(cfg.env))
 
 
 def _fail_run_folder(study: optuna.Study, trial: optuna.Trial, run_dir: Path, exc: OSError) -> None:
@@ -640,8 +652,13 @@ def record_outcome(study: optuna.Study, trial: optuna.Trial, ratio: float, *, re
         study.tell(trial, state=TrialState.FAIL)
     else:
         _record_result(trial, result)
-        if gate.learn(ratio, measured_oom=False):
+        # a simulator that ran the user's job past its own OOM prediction (backends/sim.py) measured nothing: the
+        # gate learns from real fits only, such as a measured job that the model called OOM
+        if "predicted_oom" not in result.extra and gate.learn(ratio, measured_oom=False):
             gate.save(study)
+            if trial.user_attrs.get("predicted_oom"):
+                trial.set_user_attr("gate_learned", f"it ran: the memory gate now admits ratio up to "
+                                                    f"{1 + gate.margin:.2f}")
         study.tell(trial, [result.tokens_per_s_per_gpu, result.peak_mem_gib] if multi else result.tokens_per_s_per_gpu)
 
 
