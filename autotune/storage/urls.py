@@ -143,7 +143,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
         return rdb_storage(url, engine_kwargs)
     except (SQLAlchemyError, OSError) as exc:
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-        raise StorageError(f"cannot open storage {redact(url)}: {reason}") from None
+        raise StorageError(f"cannot open storage {redact(url)}: {redact_in(reason, url)}") from None
 
 
 def rdb_storage(url: str, engine_kwargs: dict) -> RetryingStorage:
@@ -159,12 +159,44 @@ def rdb_storage(url: str, engine_kwargs: dict) -> RetryingStorage:
     return RetryingStorage(optuna.storages.get_storage(optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)))
 
 
+# query-string keys that carry a secret: libpq's password and sslpassword, tokens and keys of cloud drivers
+_SECRET_KEY = re.compile(r"pass|pwd|secret|token|key|auth|cred", re.I)
+_MASK = "***"
+
+
 def redact(url: str) -> str:
-    """The URL without its password, for messages and result files (also one SQLAlchemy cannot parse)."""
+    """The URL without its secrets, for messages and result files: the password of `user:pw@host` and the value of
+    every secret-looking query key (`?password=...`); also for a URL SQLAlchemy cannot parse."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)
+        secret = [k for k in parsed.query if _SECRET_KEY.search(k)]
+        text = parsed.render_as_string(hide_password=True)
     except (ArgumentError, ValueError):
-        return re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", url)
+        return _redact_text(url)
+    if secret:  # masked in the rendered text: through SQLAlchemy the mask would come out percent-quoted
+        text = _redact_text(text)
+    return text
+
+
+def _redact_text(url: str) -> str:
+    text = re.sub(r"(//[^/@:]*:)[^/@]*@", rf"\1{_MASK}@", url)
+    return re.sub(r"([?&;][^=&;#]*(?:pass|pwd|secret|token|key|auth|cred)[^=&;#]*=)[^&;#]*", rf"\1{_MASK}", text,
+                  flags=re.I)
+
+
+def redact_in(text: str, url: str) -> str:
+    """`text` (a driver's error) with each secret of `url` masked wherever it appears."""
+    try:
+        parsed = make_url(url)
+        secrets = [parsed.password] + [v for k, values in parsed.query.items() if _SECRET_KEY.search(k)
+                                       for v in ((values,) if isinstance(values, str) else values)]
+    except (ArgumentError, ValueError):
+        secrets = re.findall(r"//[^/@:]*:([^/@]*)@", url) + re.findall(
+            r"[?&;][^=&;#]*(?:pass|pwd|secret|token|key|auth|cred)[^=&;#]*=([^&;#]*)", url, flags=re.I)
+    for secret in secrets:
+        if secret:
+            text = text.replace(str(secret), _MASK)
+    return text
 
 
 _HELD: dict[Path, int] = {}  # lock files this process holds (flock is per open file: never open one twice)
@@ -195,4 +227,4 @@ def hold_single_writer(url: str) -> None:
     _HELD[lock_path] = fd  # released by the kernel when the process ends, however it ends
 
 
-__all__ = ["default_storage_url", "check_storage_url", "open_storage", "redact", "sqlalchemy"]
+__all__ = ["default_storage_url", "check_storage_url", "open_storage", "redact", "redact_in", "sqlalchemy"]

@@ -35,6 +35,25 @@ def test_password_is_redacted():
     assert "secret" not in redact("postgresql://u:secret@h/db")
 
 
+@pytest.mark.parametrize("url", [
+    "postgresql+psycopg://u@h/db?password=secret",                  # libpq takes the password from the query too
+    "postgresql+psycopg://u:secret@h/db?sslpassword=secret&sslmode=require",
+    "postgresql://u@h:notaport/db?password=secret",                   # SQLAlchemy cannot render it
+    "::::?password=secret",                                           # nor parse it
+    "oracle+nope://u@h/db?access_token=secret",
+])
+def test_secrets_in_every_url_form_are_redacted_and_the_rest_kept(url):
+    assert "secret" not in redact(url) and "***" in redact(url)
+    assert "sslmode=require" in redact(url) or "sslmode" not in url
+
+
+def test_a_driver_message_quoting_a_secret_is_redacted():
+    from autotune.storage.urls import redact_in
+
+    assert redact_in('password "secret" rejected for u', "postgresql://u@h/db?password=secret") == \
+        'password "***" rejected for u'
+
+
 def test_sqlite_opens_and_creates_tables(tmp_path):
     storage = open_storage(f"sqlite:///{tmp_path / 'a.db'}")
     assert storage.get_all_studies() == []
