@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def build_tune_config(args):
     """Validate everything the user gave, without touching storage."""
-    from autotune.config import (TuneConfig, TuneYaml, check_study_name, default_study_name, load_tune_yaml,
+    from autotune.config import (TuneConfig, check_study_name, default_study_name, load_tune_yaml,
                                  with_budget)
     from autotune.hardware import DEFAULT_GPU, detect_gpus, detect_host_mem_gib, get_gpu, match_device_name
     from autotune.model_config import resolve_model
@@ -169,7 +169,7 @@ def build_tune_config(args):
     job = load_user_job(args.from_job, args.overrides, args.model or tune.model) if args.from_job else None
     if args.overrides and job is None:
         raise ConfigError(f"unexpected arguments {args.overrides}; Hydra overrides need --from")
-    if job is not None and args.config and tune.workload != TuneYaml().workload:
+    if job is not None and args.config and tune.workload != load_tune_yaml(None).workload:
         raise ConfigError("the workload comes from --from; remove `workload:` from tune.yaml")
     gpus = args.gpus if args.gpus is not None else (job.gpus_per_node if job else None)
     if gpus is None:
@@ -204,7 +204,8 @@ def build_tune_config(args):
                      tune_workload=tune_workload, probe=tune.probe, search=tune.search,
                      budget=with_budget(tune.budget, getattr(args, "budget", None), args.gpus * args.nodes),
                      baseline=job.baseline if job else None, passthrough=job.passthrough if job else {},
-                     source=str(args.from_job) if job else None, host_mem_gib=host_mem_gib)
+                     source=str(args.from_job) if job else None, host_mem_gib=host_mem_gib,
+                     env=job.env if job else {})
     build_space(cfg)  # validates fixed/ranges/tune_workload against the model and GPU count
     require_fit(model, gpu, cfg.workload, gpus_per_node=cfg.gpus_per_node, nodes=cfg.nodes)
     print(first_line(model, gpu, gpu_how, cfg.gpus_per_node, cfg.nodes, cfg.workload,
@@ -214,6 +215,9 @@ def build_tune_config(args):
               f"against; {len(job.passthrough)} other keys pass through")
         for name in job.unresolved:
             print(f"not read statically: {name}")
+        if job.env:
+            print("environment your script exports, set for every probe, noted in best.yaml and set by "
+                  f"`autotune train`: {' '.join(f'{k}={v}' for k, v in job.env.items())}")
         for note in job.notes:
             print(note)
         from autotune.search.driver import holds_of
@@ -469,17 +473,28 @@ def cmd_train(args) -> int:
     from autotune.backends.verl.runner import train_command
 
     config = args.config.expanduser()
+    if not config.exists():
+        raise ConfigError(f"--config {args.config}: no such file (`autotune export` writes OUT/best.yaml)")
     if not config.is_file() or config.suffix not in (".yaml", ".yml"):
         raise ConfigError(f"--config {args.config}: not an exported best.yaml file")
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
         raise ConfigError(f"overrides must look like key=value, but got {bad[0]!r}")
+    job_env, missing = _train_checks(config, list(args.overrides))
     argv = train_command(config, list(args.overrides))
-    print(shlex.join(argv))
+    if missing:
+        text = (f"--config {args.config}: {'; '.join(missing)}: not found here, and verl would stop at start-up; fix "
+                "the path in best.yaml or give it after --config, e.g. data.train_files=/abs/train.parquet")
+        if not args.dry_run:
+            raise ConfigError(text)
+        print(f"autotune: warning: {text}", file=sys.stderr)
+    # the environment best.yaml notes comes first, as a shell would take it
+    print(" ".join([f"{k}={shlex.quote(v)}" for k, v in job_env.items()] + [shlex.join(argv)]))
     if args.dry_run:
         return 0
     outcome = run_in_process_group(
-        argv, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=Path.cwd(), log_path=config.parent / "train.log",
+        argv, env={**os.environ, **job_env, "PYTHONUNBUFFERED": "1"}, cwd=Path.cwd(),
+        log_path=config.parent / "train.log",
         deadline_s=float(365 * 24 * 3600), idle_timeout_s=float(args.idle_timeout),
         on_output=lambda line: (print(line, end="" if line.endswith("\n") else "\n", flush=True),
                                 parse_console_line(line) is not None)[1])
@@ -488,6 +503,36 @@ def cmd_train(args) -> int:
               file=sys.stderr)
         return 1
     return 0 if outcome.returncode == 0 else 1
+
+
+def _train_checks(config: Path, overrides: list[str]) -> tuple[dict[str, str], list[str]]:
+    """What `train` reads from best.yaml before launching: the environment its header notes (the job's launch script
+    exports), and its local data and model paths that are not here, with the command line's overrides applied."""
+    import yaml
+
+    from autotune.verl.export import header_env
+    from autotune.verl.paths import DATA_KEYS, MODEL_KEY, missing_local_paths
+
+    try:
+        text = config.read_text(encoding="utf-8")
+        doc = yaml.safe_load(text)
+    except OSError as exc:
+        raise ConfigError(f"cannot read --config {config}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, yaml.YAMLError):
+        raise ConfigError(f"--config {config}: not an exported best.yaml file (not YAML text)") from None
+    flat = {}
+    for key in DATA_KEYS + (MODEL_KEY,):
+        node = doc
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None:
+            flat[key] = node
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key.lstrip("+") in flat or key.lstrip("+") in DATA_KEYS + (MODEL_KEY,):
+            # a list given on the command line ([a,b]) is Hydra's syntax: left to verl
+            flat[key.lstrip("+")] = None if value.startswith("[") else value.strip("'\"")
+    return header_env(text), missing_local_paths(flat)
 
 
 if __name__ == "__main__":  # pragma: no cover

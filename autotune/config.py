@@ -153,6 +153,7 @@ class TuneConfig:
     baseline: "Candidate | None" = None
     passthrough: dict = field(default_factory=dict)
     source: str | None = None
+    env: dict = field(default_factory=dict)  # what the job's launch script exports: probes, best.yaml and train get it
     # RAM of one node where probes run (GiB): offloaded states must fit in it; None: not checked
     host_mem_gib: float | None = None
 
@@ -178,10 +179,19 @@ def _section(data: dict, name: str, allowed: set, path) -> dict:
     return raw
 
 
+def _absolute_files(workload: Workload) -> Workload:
+    """The data files as verl can open them from any folder: `~` expanded, relative to where autotune runs
+    (autotune/verl/paths.py)."""
+    from autotune.verl.paths import absolute_files
+
+    return replace(workload, train_files=absolute_files(workload.train_files, Path.cwd()),
+                   val_files=absolute_files(workload.val_files, Path.cwd()))
+
+
 def load_tune_yaml(path: Path | None) -> TuneYaml:
     """Parse and validate tune.yaml; every problem is one ConfigError line naming the key."""
     if path is None:
-        return TuneYaml()
+        return TuneYaml(workload=_absolute_files(Workload()))
     data = _mapping(load_yaml_file(Path(path)), f"{path}")
     unknown = sorted(set(map(str, data)) - TUNE_YAML_KEYS)
     if unknown:
@@ -207,6 +217,7 @@ def load_tune_yaml(path: Path | None) -> TuneYaml:
         value = getattr(workload, name)
         if not (isinstance(value, str) or isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
             raise ConfigError(f"{path}: workload.{name} must be a path or a list of paths, but got {value!r}")
+    workload = _absolute_files(workload)
     return TuneYaml(model=data.get("model"), gpu=data.get("gpu"), workload=workload,
                     fixed=_mapping(data.get("fixed"), "fixed"), ranges=_mapping(data.get("ranges"), "ranges"),
                     tune_workload=tuple(tune_workload), probe=probe, search=search, budget=budget)

@@ -180,7 +180,10 @@ def resolve_model(name: str) -> ModelSpec:
         config = local / "config.json"
         if not config.is_file():
             raise ConfigError(f"model folder {text} has no config.json")
-        return spec_from_config(read_config(config), path=text, source=str(config))
+        # exported as given where absolute; `~` and a relative folder as the absolute path (verl expands no `~`,
+        # and a probe runs in its own folder)
+        path = text if os.path.isabs(text) else os.path.abspath(local)
+        return spec_from_config(read_config(config), path=path, source=str(config))
     if _hf_id_shape(text):
         cached = cached_config(text)
         if cached is not None:

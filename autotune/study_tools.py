@@ -275,6 +275,7 @@ def worker_config(study, *, storage_url: str, trials: int, out_dir: Path, seed: 
                      gpus_per_node=identity["gpus_per_node"], nodes=identity["nodes"], backend=identity["backend"],
                      trials=trials, storage_url=storage_url, study_name=study.study_name, out_dir=out_dir, seed=seed,
                      workload=workload, host_mem_gib=None if identity["backend"] == "sim" else detect_host_mem_gib(),
+                     env=identity.get("env") or {},  # what the job's script exports: this worker's probes get it too
                      **settings)  # a worker probes on its own machine: its own RAM bounds the offload
     build_space(cfg)  # the same validation `run` does for fixed/ranges/tune_workload
     return cfg

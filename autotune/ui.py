@@ -51,8 +51,17 @@ def trial_line(t: optuna.trial.FrozenTrial) -> str:
     if r.feasible_measurement:
         mfu = "n/a" if r.mfu is None else f"{r.mfu:.2f}"
         return (f"trial {r.number:3d}{tag} {r.state:9s} {r.tokens_per_s_per_gpu:8.0f} tok/s/GPU  MFU {mfu}  "
-                f"peak {r.peak_mem_gib:5.1f} GiB  {candidate_summary(t.user_attrs.get('candidate', {}))}")
+                f"peak {r.peak_mem_gib:5.1f} GiB  {candidate_summary(t.user_attrs.get('candidate', {}))}"
+                + predicted_oom_note(t.user_attrs))
     return f"trial {r.number:3d}{tag} {r.state:9s} {r.reason}"
+
+
+def predicted_oom_note(attrs: dict) -> str:
+    """The memory model's OOM prediction for a job that ran anyway (the user's own: search/driver.py)."""
+    note = attrs.get("predicted_oom")
+    if not note:
+        return ""
+    return f"  [{note}" + (f"; {attrs['gate_learned']}" if attrs.get("gate_learned") else "") + "]"
 
 
 def print_best_table(study: optuna.Study, *, simulated: bool, k: int = 5) -> None:
@@ -78,6 +87,8 @@ def print_best_table(study: optuna.Study, *, simulated: bool, k: int = 5) -> Non
     _console.print(table)
     if base is not None and not base.feasible_measurement:
         _console.print(f"trial {base.number} ({label}): {base.state}, {base.reason}", markup=False)
+    elif base is not None and base.user_attrs.get("predicted_oom"):
+        _console.print(f"trial {base.number} ({label}): {predicted_oom_note(base.user_attrs).strip()}", markup=False)
     _console.print(LEGEND, markup=False, soft_wrap=True)
 
 

@@ -27,8 +27,14 @@ probe: {warmup_steps: 2, timed_steps: 3}
 
 
 def test_no_file_means_defaults():
+    import os
+    from dataclasses import replace
+
     tune = load_tune_yaml(None)
-    assert tune.workload == Workload() and tune.fixed == {}
+    # verl's loader opens the data files as written: the default's `~` is expanded (issue 32 item 1)
+    home = replace(Workload(), train_files=os.path.expanduser(Workload().train_files),
+                   val_files=os.path.expanduser(Workload().val_files))
+    assert tune.workload == home and tune.fixed == {}
 
 
 @pytest.mark.parametrize("text, message", [
@@ -60,3 +66,16 @@ def test_study_names():
     assert check_study_name("qwen2.5-7b-1x8-sim")
     with pytest.raises(ConfigError):
         check_study_name("bad name; drop table")
+
+
+def test_data_paths_of_tune_yaml_and_the_default_are_absolute(tmp_path, monkeypatch):
+    """verl expands no `~` (HF datasets looks for <cwd>/~/data/...) and a probe runs in its own folder."""
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "tune.yaml"
+    path.write_text("workload:\n  train_files: ~/data/gsm8k/train.parquet\n  val_files: [val/a.parquet, hdfs://x/b]\n")
+    tune = load_tune_yaml(path)
+    assert tune.workload.train_files == os.path.expanduser("~/data/gsm8k/train.parquet")
+    assert tune.workload.val_files == [str(tmp_path / "val" / "a.parquet"), "hdfs://x/b"]
+    assert load_tune_yaml(None).workload.train_files == os.path.expanduser("~/data/gsm8k/train.parquet")

@@ -339,7 +339,7 @@ def test_distribution_name_and_matplotlib_core():
     import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["name"] == "verl-autotune" and project["scripts"]["autotune"] == "autotune.cli:main"
+    assert project["name"] == "verl-autotune" and project["scripts"]["autotune"] == "autotune.__main__:entry"
     assert any(d.startswith("matplotlib") for d in project["dependencies"])
     hints = subprocess.run(["git", "grep", "-n", "autotune\\[", "--", "README.md", "docs", "autotune", "pyproject.toml"],
                            cwd=ROOT, capture_output=True, text=True).stdout
@@ -419,3 +419,13 @@ def test_header_names_the_exported_model_path_when_model_gives_only_shapes(tmp_p
     assert "path: /models/my-random-qwen" in text
     header = next(line for line in text.splitlines() if line.startswith("# model:"))
     assert header.startswith("# model: /models/my-random-qwen (shapes of ")
+
+
+def test_a_relative_model_folder_is_exported_as_its_absolute_path(tmp_path, monkeypatch):
+    """A probe runs in its own run folder, so `./my-model` would name nothing there."""
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    shutil.copy(CONFIGS / "Qwen2-7B-Instruct" / "config.json", folder / "config.json")
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model("./my-model").model_path == str(folder)
+    assert resolve_model(str(folder)).model_path == str(folder)  # an absolute path stays exactly as given

@@ -37,6 +37,10 @@ class ProbeRequest:
     warmup_steps: int = 1
     timed_steps: int = 2
     passthrough: dict = field(default_factory=dict)  # the user's other verl keys, exported unchanged
+    # the user's own job (--from, trial 0): it runs where they run it, so it is launched even where the memory model
+    # predicts an OOM, and a simulator shows that prediction instead of failing the job
+    users_job: bool = False
+    env: dict = field(default_factory=dict)  # what the user's launch script exports to the job's process
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -53,12 +53,18 @@ class SimRunner(ProbeRunner):
         layout = ParallelLayout.of(request.candidate, request.workload, gpus_per_node=request.n_gpus,
                                    nodes=request.nodes)
         mem = estimate_memory(request.model, request.gpu, request.workload, request.candidate, layout, constants=k)
-        if not mem.kv_cache_fits:
+        predicted_oom = None
+        if request.users_job and (not mem.kv_cache_fits or mem.peak_gib > mem.capacity_gib):
+            # the user's job runs where they run it: the model's OOM is shown, not played (the job stays the baseline)
+            predicted_oom = (f"the model predicts OOM: {mem.peak_gib:.1f} GiB in {mem.worst_phase} of "
+                             f"{mem.capacity_gib:.1f} GiB" + ("" if mem.kv_cache_fits else " (no room for the KV "
+                                                              "cache)") + "; simulated as your job runs")
+        elif not mem.kv_cache_fits:
             raise ProbeOOM(f"(simulated) No available memory for the cache blocks: KV cache {mem.kv_cache_gib:.2f} GiB "
                            f"< {mem.kv_cache_needed_gib:.2f} GiB for one max-length sequence. Try increasing "
                            "gpu_memory_utilization", phase="rollout", over_gib=mem.over_gib, peak_mem_gib=mem.peak_gib,
                            kind="kv_cache_too_small")
-        if mem.peak_gib > mem.capacity_gib:
+        elif mem.peak_gib > mem.capacity_gib:
             raise ProbeOOM(f"(simulated) CUDA out of memory in {mem.worst_phase}: {mem.peak_gib:.1f} GiB needed of "
                            f"{mem.capacity_gib:.1f} GiB", phase=mem.worst_phase, over_gib=mem.over_gib,
                            peak_mem_gib=mem.peak_gib)
@@ -84,7 +90,7 @@ class SimRunner(ProbeRunner):
             series={"perf/throughput": series, "timing_s/step": [step.step_s] * len(series)},
             extra={"memory_phase_gib": mem.phase_peak_gib, "memory_components_gib": mem.components_gib,
                    "kv_cache_gib": mem.kv_cache_gib, "rollout_concurrency": step.rollout_concurrency,
-                   "probe_wall_s": wall_s,
+                   "probe_wall_s": wall_s, **({"predicted_oom": predicted_oom} if predicted_oom else {}),
                    "stage_s": {"ready_to_fit": SIMULATED_STARTUP_S,
                                **{f"step{i}": round(t, 2) for i, t in enumerate(ends, 1)}, "end": round(wall_s, 2)}},
         )

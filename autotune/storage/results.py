@@ -151,7 +151,8 @@ def export_best(study: optuna.Study, out_dir: Path) -> Path:
                            exported_model_path=overrides.get("actor_rollout_ref.model.path"),
                            # any candidate of the study agrees with the user's job on every held knob
                            holds=holds(identity.get("passthrough") or {}, candidate.actor_engine, workload.lora_rank,
-                                       candidate.rollout_tp))
+                                       candidate.rollout_tp),
+                           env=identity.get("env") or {})
     return write_best_yaml(Path(out_dir) / "best.yaml", overrides, model_engine(candidate), header)
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
+import re
+import shlex
 from pathlib import Path
 
 import yaml
@@ -182,7 +184,7 @@ def export_header(*, model: ModelSpec, gpu_name: str, gpus_per_node: int, nodes:
                   peak_mem_gib: float, baseline_tokens_per_s_per_gpu: float | None,
                   tuned_workload_knobs: tuple[str, ...], config_dir: Path, baseline_label: str = "verl default",
                   baseline_trial: int | None = None, verl_default_tokens_per_s_per_gpu: float | None = None,
-                  exported_model_path: str | None = None, holds=()) -> list[str]:
+                  exported_model_path: str | None = None, holds=(), env: dict | None = None) -> list[str]:
     kind = "SIMULATED by the calibrated model, not measured" if simulated else f"measured by the {backend} backend"
     lines = [
         "autotune export: verl 0.9.1 GRPO configuration",
@@ -205,8 +207,38 @@ def export_header(*, model: ModelSpec, gpu_name: str, gpus_per_node: int, nodes:
     else:
         lines.append("workload held fixed: batch sizes, rollout.n, lengths and algorithm are yours")
     lines += [hold.describe() for hold in holds]
+    lines += env_lines(env or {})
     lines += [
         f"exported {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
         f"run: python3 -m verl.trainer.main_ppo --config-path={Path(config_dir).resolve()} --config-name=best",
     ]
     return lines
+
+
+ENV_NOTE = ("environment your launch script exports, which this job needs (`autotune train` sets it; to run verl "
+            "directly, run these lines first):")
+_ENV_LINE = re.compile(r"# export ([A-Za-z_][A-Za-z0-9_]*)=(.*)")
+
+
+def env_lines(env: dict) -> list[str]:
+    """The job's environment as shell lines in best.yaml's header: a note a person can paste, and what
+    `autotune train` reads back (header_env)."""
+    if not env:
+        return []
+    return [ENV_NOTE] + [f"export {name}={shlex.quote(str(value))}" for name, value in env.items()]
+
+
+def header_env(text: str) -> dict[str, str]:
+    """The `# export NAME=VALUE` lines of a best.yaml's leading comment block."""
+    env: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break  # the header ends at the first line of YAML
+        match = _ENV_LINE.fullmatch(line.rstrip())
+        if match:
+            try:
+                words = shlex.split(match.group(2))
+            except ValueError:
+                continue  # an unbalanced quote from a hand edit: not an assignment autotune wrote
+            env[match.group(1)] = words[0] if words else ""
+    return env

@@ -9,14 +9,16 @@ by name, every such key in one error.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 
 from autotune.errors import ConfigError
 from autotune.models import ModelSpec
 from autotune.spaces.candidate import Candidate
 from autotune.verl.export import verl_declared_keys
-from autotune.verl.keys import (ARO, BY_KEY, DEPRECATED_GLOBAL_MICRO, JOB_KEYS, NOT_IN_VERL, OTC, WORKLOAD_FIELDS,
-                                active_knobs_for)
+from autotune.verl.keys import (ARO, BY_KEY, DEPRECATED_GLOBAL_MICRO, JOB_KEYS, NOT_IN_VERL, OTC, TABLE,
+                                WORKLOAD_FIELDS, active_knobs_for)
+from autotune.verl.paths import absolute_files, absolute_passthrough
 from autotune.workload import Workload
 
 
@@ -39,6 +41,13 @@ class UserJob:
     passthrough: dict  # every other key, typed as Hydra types it
     unresolved: tuple[str, ...]
     notes: tuple[str, ...] = ()  # what autotune does differently from the script as written, one line each
+    env: dict = field(default_factory=dict)  # what the script exports to the job: probes, best.yaml and train get it
+
+
+# environment variables the key table searches as knobs (exported through ray_kwargs...env_vars): the candidate's
+# value is what a probe and the export set, so the script's own value is read into the baseline, not carried
+_RUNTIME_ENV = "ray_kwargs.ray_init.runtime_env.env_vars."
+ENV_KNOBS = frozenset(k.verl_key[len(_RUNTIME_ENV):] for k in TABLE if k.verl_key.startswith(_RUNTIME_ENV) and k.field)
 
 
 def hydra_value(key: str, text: str):
@@ -74,14 +83,17 @@ def _typed(field: str, key: str, value):
     raise ConfigError(f"{key}={value!r}: expected {expected} for {field}")
 
 
-def user_job(imported, *, model_name: str | None = None, exporting: bool = True) -> UserJob:
+def user_job(imported, *, model_name: str | None = None, exporting: bool = True, cwd: Path | None = None) -> UserJob:
     """Split an ImportedJob (autotune/verl/launch_script.py) into workload, baseline and passthrough. `exporting`:
     the job will be exported (run, export, train), so every key the shell computes is asked for; an estimate asks
     only for those it models.
 
     Every key that cannot be read is collected and reported in one ConfigError that ends with the rerun to paste
     (`-- KEY=VALUE ...`), so a script needs one fix-and-rerun, not one per key. A value the shell computes is never
-    exported as text (Hydra would read `${...}` as an interpolation and a `$(date)` as text) nor dropped."""
+    exported as text (Hydra would read `${...}` as an interpolation and a `$(date)` as text) nor dropped.
+
+    Data files and the user's other local paths are made absolute against `cwd` (where the script is run from; the
+    current folder by default): verl expands no `~` and a probe runs in its own folder (autotune/verl/paths.py)."""
     from autotune.model_config import resolve_model
 
     if imported.entry_module != "verl.trainer.main_ppo":
@@ -255,7 +267,12 @@ def user_job(imported, *, model_name: str | None = None, exporting: bool = True)
         baseline = Candidate(**candidate_changes)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{imported.source}: {exc}") from None
+    base = Path.cwd() if cwd is None else Path(cwd)
+    workload = replace(workload, train_files=absolute_files(workload.train_files, base),
+                       val_files=absolute_files(workload.val_files, base))
+    env = {k: v for k, v in (getattr(imported, "exported_env", None) or {}).items() if k not in ENV_KNOBS}
     return UserJob(source=imported.source, model=model,
                    gpus_per_node=gpn if isinstance(gpn, int) else None,
                    nodes=nodes if isinstance(nodes, int) else None, workload=workload, baseline=baseline,
-                   passthrough=passthrough, unresolved=tuple(unresolved), notes=tuple(notes))
+                   passthrough=absolute_passthrough(passthrough, base), unresolved=tuple(unresolved),
+                   notes=tuple(notes), env=env)

@@ -9,6 +9,7 @@ from autotune.errors import ConfigError
 from autotune.hardware import get_gpu
 from autotune.models import get_model
 from autotune.backends.base import get_runner
+from autotune.backends.sim import SimRunner
 from autotune.search.driver import fail_dead_local_trials, open_study, run_study
 from autotune.storage.records import best_records, records
 from autotune.workload import Workload
@@ -256,3 +257,51 @@ def test_a_candidate_whose_offload_overflows_the_hosts_ram_is_never_launched(tmp
     roomy = run_study(_cfg(tmp_path / "b", trials=6, host_mem_gib=4096.0, storage_url=f"sqlite:///{tmp_path / 'b.db'}",
                            search=SearchOptions(warm_start=0)), get_runner("sim"))
     assert not any("host OOM" in t.user_attrs.get("reason", "") for t in roomy.trials)
+
+
+LORA_72B = Path(__file__).parents[1] / "data" / "verl_examples" / "qwen2-72b_grpo-lora_8_h100_fsdp_vllm.sh"
+
+
+def _users_72b_job(tmp_path: Path, trials: int = 3) -> TuneConfig:
+    """verl's own 72B LoRA example on H100s, a job verl's docs list as running, which the memory model calls OOM."""
+    from autotune.cli import load_user_job
+
+    job = load_user_job(LORA_72B, ["trainer.project_name=p", "trainer.experiment_name=e"], None)
+    return _cfg(tmp_path, trials=trials, model=job.model, gpu=get_gpu("H100"), workload=job.workload,
+                baseline=job.baseline, passthrough=job.passthrough, source=str(LORA_72B),
+                search=SearchOptions(warm_start=1))
+
+
+def test_the_users_job_stays_the_baseline_on_sim_when_the_model_predicts_it_ooms(tmp_path):
+    from autotune.storage.results import summary
+
+    study = run_study(_users_72b_job(tmp_path), get_runner("sim"))
+    job = study.trials[0]
+    assert job.user_attrs["baseline"] and job.user_attrs["state"] == "simulated", job.user_attrs.get("reason")
+    assert "predicts OOM" in job.user_attrs["predicted_oom"] and job.user_attrs["peak_mem_gib"] > 79.6
+    # the simulator is the model itself: a job it ran past its own prediction teaches the gate nothing
+    assert study.user_attrs.get("prescreen_margin", -0.04) == -0.04 and "gate_learned" not in job.user_attrs
+    doc = summary(study, "sqlite://")
+    assert doc["baseline"]["trial"] == 0 and doc["speedup_vs_baseline"] is not None
+
+
+class _RoomierMachine(SimRunner):
+    """TEST DOUBLE machine: 141 GiB where the model plans for the H100's 80, so the user's job runs where the gate
+    predicts an OOM; it plays a measuring backend (plain results, never the sim's own prediction)."""
+
+    def probe(self, request, report):
+        gpu = replace(request.gpu, mem_gib=get_gpu("H200").mem_gib)
+        return super().probe(replace(request, gpu=gpu, users_job=False), report)
+
+
+def test_the_users_job_is_launched_when_the_model_predicts_it_ooms_and_corrects_the_gate(tmp_path):
+    study = run_study(_users_72b_job(tmp_path, trials=2), _RoomierMachine())
+    job = study.trials[0]
+    assert job.user_attrs["launched"] and job.user_attrs["state"] == "simulated", job.user_attrs.get("reason")
+    assert "predicted OOM before launch" in job.user_attrs["predicted_oom"]
+    ratio = job.user_attrs["predicted_memory_ratio"]
+    assert ratio > 0.96 and study.user_attrs["prescreen_margin"] > ratio - 1.0  # the gate now admits this job
+    assert "gate now admits" in job.user_attrs["gate_learned"]
+    # verl's default of the same study is no evidence: it is still gated (no room for its KV cache)
+    default = next(t for t in study.trials if t.user_attrs.get("verl_default"))
+    assert default.user_attrs["state"] == "rejected" and "predicted OOM" in default.user_attrs["reason"]

@@ -200,3 +200,59 @@ def test_unreadable_model_path_is_reported_by_name(tmp_path):
     script.write_text("python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=$MODEL data.train_batch_size=8\n")
     proc = _cli("estimate", "--from", str(script), "--gpus", "8")
     assert proc.returncode == 2 and "MODEL" in proc.stderr and len(proc.stderr.splitlines()) == 1
+
+
+ENV_SCRIPT = """\
+export VLLM_ATTENTION_BACKEND=XFORMERS
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+LOCAL_ONLY=1
+NCCL_DEBUG=WARN python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo \\
+    data.train_files=data/train.parquet data.val_files=[data/a.parquet,../b.parquet] \\
+    data.train_batch_size=64 actor_rollout_ref.actor.ppo_mini_batch_size=32 \\
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 actor_rollout_ref.rollout.n=4 \\
+    actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct custom_reward_function.path=reward.py \\
+    trainer.n_gpus_per_node=8 trainer.nnodes=1 trainer.project_name=p trainer.experiment_name=e
+"""
+
+
+def test_a_scripts_paths_are_made_absolute_and_its_exports_kept(tmp_path):
+    """Issue 32 item 1: verl expands no `~` and a probe runs in its own folder; `export` lines reach the job."""
+    from autotune.verl.launch_script import import_launch_text
+
+    (tmp_path / "reward.py").write_text("def compute_score(*a): return 0.0\n")
+    job = user_job(import_launch_text(ENV_SCRIPT, environ={}), cwd=tmp_path)
+    assert job.workload.train_files == str(tmp_path / "data" / "train.parquet")
+    assert job.workload.val_files == [str(tmp_path / "data" / "a.parquet"), str(tmp_path.parent / "b.parquet")]
+    assert job.passthrough["custom_reward_function.path"] == str(tmp_path / "reward.py")
+    assert job.passthrough["actor_rollout_ref.model.path"] == "Qwen/Qwen2.5-7B-Instruct"  # an HF id, as written
+    # exported or given on the command only; CUDA_DEVICE_MAX_CONNECTIONS is a searched knob, set by the candidate
+    assert job.env == {"VLLM_ATTENTION_BACKEND": "XFORMERS", "NCCL_DEBUG": "WARN"}
+
+
+def test_the_scripts_environment_reaches_best_yaml_and_train_and_missing_data_is_refused(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text(ENV_SCRIPT)
+    (tmp_path / "reward.py").write_text("def compute_score(*a): return 0.0\n")
+    out = tmp_path / "out"
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True,
+                              timeout=300, cwd=tmp_path, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+
+    proc = cli("run", "--from", str(script), "--backend", "sim", "--gpu", "H100", "--trials", "2", "--out", str(out),
+               "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert "VLLM_ATTENTION_BACKEND=XFORMERS NCCL_DEBUG=WARN" in proc.stdout
+    text = (out / "best.yaml").read_text()
+    header = text.split("hydra:")[0]
+    assert "# export VLLM_ATTENTION_BACKEND=XFORMERS\n# export NCCL_DEBUG=WARN\n" in header
+    assert yaml.safe_load(text)["data"]["train_files"] == str(tmp_path / "data" / "train.parquet")
+    train = cli("train", "--config", str(out / "best.yaml"))
+    assert train.returncode == 2 and len(train.stderr.strip().splitlines()) == 1, train.stderr
+    assert f"data.train_files={tmp_path / 'data' / 'train.parquet'}" in train.stderr and "Traceback" not in train.stderr
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.parquet").write_bytes(b"")
+    dry = cli("train", "--config", str(out / "best.yaml"), "--dry-run",
+              f"data.val_files=[{tmp_path / 'data' / 'train.parquet'}]")
+    assert dry.returncode == 0 and dry.stderr == "", dry.stderr
+    assert dry.stdout.startswith("VLLM_ATTENTION_BACKEND=XFORMERS NCCL_DEBUG=WARN ")

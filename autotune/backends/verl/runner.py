@@ -88,8 +88,14 @@ def probe_command(request: ProbeRequest, *, python: str = sys.executable, entry:
     return argv, probe_env(request, metrics_path), metrics_path
 
 
+# where a probe runs is the executor's choice (a Ray task's GPUs, a local cluster), never the launch script's
+PLACEMENT_VARS = frozenset({"CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "RAY_ADDRESS"})
+
+
 def probe_env(request: ProbeRequest, metrics_path: Path, base: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
+    # what the user's launch script exports (VLLM_ATTENTION_BACKEND, NCCL_*): the probe runs their job as they do
+    env.update({k: v for k, v in request.env.items() if k not in PLACEMENT_VARS})
     env.pop("RAY_ADDRESS", None)  # never join a stray cluster: ray.init() honours it (reference/verl.md 4)
     env.update({"VERL_FILE_LOGGER_PATH": str(metrics_path), "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1",
                 "HYDRA_FULL_ERROR": "1"})

@@ -232,3 +232,16 @@ def test_without_megatron_core_only_fsdp_engines_are_proposed(monkeypatch):
     assert fit_to_runner(cfg, runner).ranges["actor_engine"] == ["fsdp", "fsdp2"]
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
     assert VerlRunner().measurable_choices() == {}
+
+
+def test_a_probe_gets_what_the_users_script_exports_but_never_its_gpu_placement(tmp_path):
+    from dataclasses import replace
+
+    from autotune.backends.verl.runner import probe_env
+
+    request = replace(_request(tmp_path), env={"VLLM_ATTENTION_BACKEND": "XFORMERS", "CUDA_VISIBLE_DEVICES": "0,1",
+                                               "WANDB_MODE": "online"})
+    env = probe_env(request, tmp_path / "m.jsonl", base={"CUDA_VISIBLE_DEVICES": "4,5", "PATH": "/bin"})
+    assert env["VLLM_ATTENTION_BACKEND"] == "XFORMERS" and env["PATH"] == "/bin"
+    assert env["CUDA_VISIBLE_DEVICES"] == "4,5"  # the executor's GPUs, not the script's
+    assert env["WANDB_MODE"] == "disabled"  # a probe's own settings win
