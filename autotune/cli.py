@@ -383,8 +383,10 @@ def cmd_run(args) -> int:
                               on_start=lambda s: progress.preload(s.get_trials(deepcopy=False)))
     doc = summary(study, cfg.storage_url)
     if doc["best"] is not None:
-        best_yaml = export_best(study, cfg.out_dir)
-        doc["best_yaml"] = str(best_yaml)
+        exported = export_best(study, cfg.out_dir)
+        doc["best_yaml"] = str(exported.path)
+        if exported.note:
+            print(exported.note)
     result = write_result_json(cfg.out_dir / "result.json", doc)
     print_best_table(study, simulated=doc["simulated"])
     if not args.quiet:
@@ -460,8 +462,10 @@ def cmd_export(args) -> int:
             print(line)
         return 0
     writable_folder(str(out_dir))
-    path = export_best(study, out_dir)
-    print(f"wrote {path}")
+    exported = export_best(study, out_dir)
+    if exported.note:
+        print(exported.note)
+    print(f"wrote {exported.path}")
     return 0
 
 

@@ -329,6 +329,7 @@ class Report:
     skipped: dict[str, str]  # name -> why it was not drawn
     best_yaml: Path | None
     simulated: bool
+    best_yaml_note: str | None = None  # a hand-edited best.yaml kept as it is
 
 
 def build_figures(view: StudyView) -> tuple[dict, dict[str, str]]:
@@ -380,15 +381,18 @@ def write_report(study: optuna.Study, out_dir: Path, *, storage_url: str) -> Rep
         made[name][1].savefig(buf, format="png", dpi=110)
         pngs[name] = buf.getvalue()
         path.write_bytes(pngs[name])
-    best_yaml = export_best(study, out_dir) if view.best else None
+    # a best.yaml edited by hand is the user's: the report never overwrites it (storage/results.py export_best)
+    exported = export_best(study, out_dir, keep_edited=True) if view.best else None
+    best_yaml = exported.path if exported else None
+    note = exported.note if exported else None
     page = render_html(view, storage_url=storage_url, figures={n: (made[n][0], pngs[n]) for n in pngs},
-                       skipped=skipped, best_yaml=best_yaml)
+                       skipped=skipped, best_yaml=best_yaml, best_yaml_note=note)
     html_path = out_dir / "report.html"
     tmp = html_path.with_suffix(".html.tmp")
     tmp.write_text(page, encoding="utf-8")
     tmp.replace(html_path)
     return Report(html=html_path, figures={n: figures_dir / f"{n}.png" for n in pngs}, skipped=skipped,
-                  best_yaml=best_yaml, simulated=view.simulated)
+                  best_yaml=best_yaml, simulated=view.simulated, best_yaml_note=note)
 
 
 # ---- HTML ---------------------------------------------------------------------------------------------
@@ -420,7 +424,7 @@ def _fmt(value, spec: str) -> str:
 
 
 def render_html(view: StudyView, *, storage_url: str, figures: dict[str, tuple[str, bytes]],
-                skipped: dict[str, str], best_yaml: Path | None) -> str:
+                skipped: dict[str, str], best_yaml: Path | None, best_yaml_note: str | None = None) -> str:
     from autotune.backends.verl.runner import train_command
     from autotune.storage.urls import redact
     from autotune.ui import candidate_summary
@@ -454,9 +458,13 @@ def render_html(view: StudyView, *, storage_url: str, figures: dict[str, tuple[s
     if best_yaml is None:
         parts.append("<p>No feasible configuration yet: nothing exported.</p>")
     else:
-        parts.append(f"<p>Trial {view.best[0].number}, written to <code>{_e(best_yaml)}</code>"
-                     + (" (SIMULATED score)" if view.simulated else "") + ":</p>")
-        parts.append(f"<pre>{_e(best_yaml.read_text())}</pre>")
+        if best_yaml_note:
+            parts.append(f"<p>Trial {view.best[0].number} is the best" + (" (SIMULATED score)" if view.simulated
+                                                                          else "") + f"; {_e(best_yaml_note)}:</p>")
+        else:
+            parts.append(f"<p>Trial {view.best[0].number}, written to <code>{_e(best_yaml)}</code>"
+                         + (" (SIMULATED score)" if view.simulated else "") + ":</p>")
+        parts.append(f"<pre>{_e(best_yaml.read_text(encoding='utf-8', errors='replace'))}</pre>")
         parts.append("<h2>How to launch it</h2>")
         verl = " ".join(["python3"] + train_command(best_yaml, [], python="python3")[1:])
         parts.append(f"<pre>autotune train --config {_e(best_yaml)}\n\n"

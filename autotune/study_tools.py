@@ -224,6 +224,8 @@ def cmd_report(args) -> int:
     print(f"wrote {report.html}{label} with {len(report.figures)} figure(s) in {out_dir / 'figures'}")
     for name, why in report.skipped.items():
         print(f"  no {name} figure: {why}")
+    if report.best_yaml_note:
+        print(report.best_yaml_note)
     if report.best_yaml is None:
         print("no feasible configuration yet: nothing exported")
     else:

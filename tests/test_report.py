@@ -208,3 +208,26 @@ def test_bad_input_is_one_line_and_exit_2(sim_run, tmp_path, capsys, argv, messa
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("autotune: error: ") and message in err and err.count("\n") == 1
+
+
+def test_report_keeps_a_hand_edited_best_yaml_and_export_sets_it_aside(sim_run, tmp_path, capsys):
+    """Issue 32 item 2: `report` never overwrites a best.yaml autotune did not write; `export` keeps it beside."""
+    _, url = sim_run
+    rep = tmp_path / "rep"
+    assert main(["report", "--storage", url, "--out", str(rep)]) == 0
+    capsys.readouterr()
+    ours = (rep / "best.yaml").read_text()
+    assert main(["report", "--storage", url, "--out", str(rep)]) == 0  # autotune's own file: rewritten freely
+    assert "edited" not in capsys.readouterr().out
+    edited = ours.replace("trainer:\n", "trainer:\n  total_epochs: 3\n", 1)
+    assert edited != ours
+    (rep / "best.yaml").write_text(edited)
+    assert main(["report", "--storage", url, "--out", str(rep)]) == 0
+    printed = capsys.readouterr().out
+    assert (rep / "best.yaml").read_text() == edited
+    assert sum("it was edited after autotune wrote it" in line for line in printed.splitlines()) == 1
+    assert html.escape(edited) in (rep / "report.html").read_text()
+    assert main(["export", "--storage", url, "--out", str(rep)]) == 0
+    printed = capsys.readouterr().out
+    assert (rep / "best.edited.yaml").read_text() == edited and f"kept as {rep / 'best.edited.yaml'}" in printed
+    assert "autotune-sha256" in (rep / "best.yaml").read_text().splitlines()[0]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import optuna
@@ -14,7 +14,8 @@ from autotune.models import model_from_identity
 from autotune.spaces.candidate import Candidate
 from autotune.storage.tuning_cost import payback, planned_steps, tuning_cost
 from autotune.verl.engines import holds
-from autotune.verl.export import export_header, model_engine, verl_overrides, write_best_yaml
+from autotune.verl.export import (edited_by_hand, export_header, model_engine, set_aside, verl_overrides,
+                                  write_best_yaml)
 from autotune.storage.records import (TrialRecord, baseline_label, baseline_record, best_records, pareto_front,
                                       records, verl_default_record)
 from autotune.storage.urls import redact
@@ -125,8 +126,18 @@ def best_overrides(study: optuna.Study) -> list[str]:
     return hydra_overrides(overrides, model_engine(candidate))
 
 
-def export_best(study: optuna.Study, out_dir: Path) -> Path:
-    """Write OUT/best.yaml from the best feasible measured trial of a stored study."""
+@dataclass(frozen=True)
+class Exported:
+    path: Path  # OUT/best.yaml
+    written: bool  # False: a hand-edited best.yaml was kept as it is
+    note: str | None = None  # one line on a hand-edited file: kept, or set aside
+
+
+def export_best(study: optuna.Study, out_dir: Path, *, keep_edited: bool = False) -> Exported:
+    """Write OUT/best.yaml from the best feasible measured trial of a stored study.
+
+    A best.yaml autotune did not write (edited by hand: its signature line no longer matches) is never lost:
+    `keep_edited` leaves it as it is (`report`); otherwise it is moved to best.edited.yaml first (`export`, `run`)."""
     best = best_records(study, k=1)
     if not best:
         raise ConfigError(f"study {study.study_name!r} has no finished feasible trial to export yet")
@@ -153,7 +164,15 @@ def export_best(study: optuna.Study, out_dir: Path) -> Path:
                            holds=holds(identity.get("passthrough") or {}, candidate.actor_engine, workload.lora_rank,
                                        candidate.rollout_tp),
                            env=identity.get("env") or {})
-    return write_best_yaml(Path(out_dir) / "best.yaml", overrides, model_engine(candidate), header)
+    path = Path(out_dir) / "best.yaml"
+    if edited_by_hand(path):
+        if keep_edited:
+            return Exported(path, False, f"kept {path} as it is: it was edited after autotune wrote it (`autotune "
+                                         "export` writes autotune's and keeps yours as best.edited.yaml)")
+        kept = set_aside(path)
+        note = f"{path} was edited after autotune wrote it: kept as {kept}"
+        return Exported(write_best_yaml(path, overrides, model_engine(candidate), header), True, note)
+    return Exported(write_best_yaml(path, overrides, model_engine(candidate), header), True)
 
 
 def _default_tps(study: optuna.Study) -> float | None:

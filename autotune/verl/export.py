@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
+import hashlib
 import re
 import shlex
 from pathlib import Path
@@ -160,11 +161,48 @@ def best_yaml_text(overrides: dict, engine: str, header: list[str]) -> str:
     return "".join(f"# {line}\n" if line else "#\n" for line in header) + body
 
 
+# best.yaml's first line: the SHA-256 of the rest of the file as autotune wrote it, so that a hand edit is told from
+# autotune's own file and is never overwritten (edited_by_hand)
+SIGNATURE = "# autotune-sha256: "
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def signed(text: str) -> str:
+    return f"{SIGNATURE}{_digest(text)} (of the lines below; after a hand edit autotune keeps this file)\n{text}"
+
+
+def edited_by_hand(path: Path) -> bool:
+    """True when `path` exists and is not, byte for byte, a file autotune wrote (a hand edit, another tool's file, an
+    export of an autotune that wrote no signature)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return False
+    except (OSError, UnicodeDecodeError):
+        return True  # unreadable as autotune writes it: not autotune's to replace
+    first, _, rest = text.partition("\n")
+    return not (first.startswith(SIGNATURE) and first[len(SIGNATURE):].split(" ", 1)[0] == _digest(rest))
+
+
+def set_aside(path: Path) -> Path:
+    """Move a hand-edited best.yaml beside itself (best.edited.yaml, best.edited-2.yaml, ...), never over a file."""
+    path = Path(path)
+    for n in range(1, 1000):
+        target = path.with_name(f"{path.stem}.edited{'' if n == 1 else f'-{n}'}{path.suffix}")
+        if not target.exists():
+            path.replace(target)
+            return target
+    raise OSError(f"no free name beside {path} to keep the hand-edited file")
+
+
 def write_best_yaml(path: Path, overrides: dict, engine: str, header: list[str]) -> Path:
     path = Path(path)
     tmp = path.with_suffix(".yaml.tmp")
     try:
-        tmp.write_text(best_yaml_text(overrides, engine, header))
+        tmp.write_text(signed(best_yaml_text(overrides, engine, header)))
     except OSError:
         tmp.unlink(missing_ok=True)  # a full disk leaves no empty best.yaml.tmp behind
         raise
