@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--gpus", type=whole_int, help="GPUs per node (default: the --from job's trainer.n_gpus_per_node)")
     run.add_argument("--from", dest="from_job", type=Path,
                      help="your verl launch script (.sh) or config (.yaml): its workload is held fixed, its system "
-                          "knobs are the baseline; extra Hydra overrides may follow after --")
+                          "knobs are the baseline, its `export VAR=...` lines reach the probes, best.yaml and train; "
+                          "extra Hydra overrides may follow after --")
     run.add_argument("--tune-workload", action="append", default=[], metavar="KNOB",
                      help="opt in to tuning a workload knob (ppo_mini_batch_size); the export says so")
     run.add_argument("overrides", nargs="*", help=argparse.SUPPRESS)
@@ -75,7 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="launch the full verl training with an exported best.yaml",
                            description="Runs python3 -m verl.trainer.main_ppo --config-path=DIR --config-name=best "
-                                       "[OVERRIDES], the same launcher as a probe without the probe limits.")
+                                       "[OVERRIDES], the same launcher as a probe without the probe limits, with the "
+                                       "environment best.yaml's header notes (its `# export VAR=value` lines, from "
+                                       "your launch script). A local data file or model folder that is not there is "
+                                       "refused before launch.")
     train.add_argument("--config", type=Path, required=True, help="the exported best.yaml")
     train.add_argument("--dry-run", action="store_true", help="print the exact command and exit")
     train.add_argument("--idle-timeout", type=positive_int, default=6 * 3600,
