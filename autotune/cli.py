@@ -131,10 +131,9 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command in ("run", "worker", "train"):
-        interrupt.install()  # Ctrl-C, a scheduler's SIGTERM and SIGHUP stop the run (interrupt.py)
-    else:
-        interrupt.restore_defaults()  # __main__ stopped at once while loading; these commands keep Python's ways
+    # Ctrl-C, a scheduler's SIGTERM and SIGHUP stop any command with one line and 130 (interrupt.py); with Python's
+    # defaults SIGTERM and SIGHUP ended `show` or `export` with no word at all (issue 33)
+    interrupt.install()
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -146,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         interrupt.ignore_further()  # stopping already: another Ctrl-C here would only print a traceback
         interrupt.reset()
-        print("autotune: interrupted; finished trials are stored, run the same command to resume", file=sys.stderr)
+        resumable = args.command in ("run", "worker")
+        print("autotune: interrupted" + ("; finished trials are stored, run the same command to resume" if resumable
+                                         else ""), file=sys.stderr)
         return 130
     except BrokenPipeError:  # `autotune ... | head`: the reader left; nothing more to say
         sys.stderr.close()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -69,16 +70,6 @@ def ignore_further() -> None:
     if _main_thread():
         for sig in _SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
-
-
-def restore_defaults() -> None:
-    """Python's own handling (KeyboardInterrupt on Ctrl-C; SIGTERM and SIGHUP end the process)."""
-    if not _main_thread():
-        return
-    for sig, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL),
-                         (signal.SIGHUP, signal.SIG_DFL)):
-        if signal.getsignal(sig) is not signal.SIG_IGN:
-            signal.signal(sig, default)
 
 
 @contextmanager
@@ -126,6 +117,23 @@ def check() -> None:
     main thread not inside a critical section, whose clean-up must finish (it raises when it ends)."""
     if _requested.is_set() and not (_depth > 0 and _main_thread()):
         raise KeyboardInterrupt("stop requested")
+
+
+STOP_POLL_S = 0.1  # how soon a wait notices a stop request
+
+
+def patient_sleep(seconds: float) -> None:
+    """Sleep `seconds`, but raise KeyboardInterrupt within STOP_POLL_S of a stop request, inside a critical section
+    too: for waits that are only patience (a locked database's back-off), which change nothing stored. A plain
+    time.sleep resumes after a handler that only requests the stop (inside the study loop) and waited it out."""
+    end_s = time.monotonic() + seconds
+    while True:
+        if _requested.is_set():
+            raise KeyboardInterrupt("stop requested while waiting")
+        left_s = end_s - time.monotonic()
+        if left_s <= 0:
+            return
+        time.sleep(min(left_s, STOP_POLL_S))
 
 
 def reset() -> None:

@@ -339,7 +339,7 @@ def test_distribution_name_and_matplotlib_core():
     import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["name"] == "verl-autotune" and project["scripts"]["autotune"] == "autotune.cli:main"
+    assert project["name"] == "verl-autotune" and project["scripts"]["autotune"] == "autotune.__main__:entry"
     assert any(d.startswith("matplotlib") for d in project["dependencies"])
     hints = subprocess.run(["git", "grep", "-n", "autotune\\[", "--", "README.md", "docs", "autotune", "pyproject.toml"],
                            cwd=ROOT, capture_output=True, text=True).stdout

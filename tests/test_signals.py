@@ -187,3 +187,75 @@ def test_a_signal_inside_a_string_exec_still_exits_130(tmp_path):
                           env={**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])},
                           preexec_fn=_default_signals)
     assert proc.returncode == 130, proc.stderr
+
+
+# ---- from the first line that runs, the installed `autotune` command included (issue 33)
+
+_AT_IMPORT = """
+import importlib, importlib.abc, os, signal, sys
+when, sig, entry = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+
+
+class SignalAt(importlib.abc.MetaPathFinder):  # the signal lands the moment `when` starts loading
+    def find_spec(self, name, path=None, target=None):
+        if name == when:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), sig)
+        return None
+
+
+sys.meta_path.insert(0, SignalAt())
+module, attr = entry.split(":")
+sys.argv = ["autotune", *sys.argv[4:]]
+sys.exit(getattr(importlib.import_module(module), attr)())  # what pip's console script does
+"""
+
+
+def _console_entry() -> str:
+    import tomllib
+    from pathlib import Path
+
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    return tomllib.loads(pyproject.read_text())["project"]["scripts"]["autotune"]
+
+
+@pytest.mark.parametrize("when,command", [("autotune.cli", "run"), ("optuna", "show")])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_the_console_command_stops_in_one_line_however_early_the_signal(tmp_path, sig, when, command):
+    """`autotune` as pip installs it: a signal while the CLI loads (it took a traceback, -15 or -1 before), or while
+    `show` loads Optuna (it kept Python's defaults: -15 and -1 with no word)."""
+    args = (["run", "--model", "qwen2.5-7b", "--gpus", "8", "--backend", "sim", "--out", str(tmp_path)]
+            if command == "run" else ["show", "--out", str(tmp_path)])
+    proc = subprocess.run([sys.executable, "-c", _AT_IMPORT, when, str(int(sig)), _console_entry(), *args],
+                          capture_output=True, text=True, timeout=60, preexec_fn=_default_signals,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 130, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("autotune: interrupted"), proc.stderr
+
+
+def test_a_stop_while_another_process_holds_the_sqlite_database_comes_within_a_second(tmp_path):
+    """SQLite waited for the lock in C for 30 s, where no signal is seen: a SIGTERM took 37 s (issue 33)."""
+    import sqlite3
+
+    out = tmp_path / "o"
+    first = subprocess.run([sys.executable, "-m", "autotune", "run", "--model", "qwen2.5-7b", "--gpus", "8",
+                            "--backend", "sim", "--trials", "2", "--out", str(out), "--quiet"],
+                           capture_output=True, text=True, timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert first.returncode == 0, first.stderr
+    holder = sqlite3.connect(out / "autotune.db")
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        proc = _tuner(["--model", "qwen2.5-7b", "--gpus", "8", "--backend", "sim", "--trials", "4", "--out", str(out),
+                       "--quiet"])
+        time.sleep(4)  # loaded, and waiting for the lock
+        assert proc.poll() is None
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        stderr = _stop(proc, 30)
+        assert time.monotonic() - sent < 1.5, stderr  # 1 s, and a loaded CI machine's slack
+    finally:
+        holder.rollback()
+        holder.close()
+    assert proc.returncode == 130, stderr
+    assert stderr.strip().splitlines() == [
+        "autotune: interrupted; finished trials are stored, run the same command to resume"]

@@ -7,7 +7,6 @@ import fcntl
 import os
 import re
 import socket
-import time
 from pathlib import Path
 
 import optuna
@@ -51,6 +50,9 @@ def check_storage_url(url: str) -> str:
     return url
 
 
+# SQLite waits this long for another process's lock inside one call, in C, where a signal is not seen: a stop came
+# only after its 30 s (issue 33). Longer locks are waited out by call_with_retry's back-off, which a stop ends.
+SQLITE_BUSY_TIMEOUT_S = 0.5
 STORAGE_RETRY_WAITS_S = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)  # ~30 s: a database restart or a held lock
 
 # A lost connection or a lock. PendingRollbackError belongs here: when a server restart kills the
@@ -86,8 +88,7 @@ def call_with_retry(call, *args, **kwargs):
                     "finished trials are stored, run the same command to resume") from None
             from autotune import interrupt
 
-            interrupt.check()  # the failed call changed nothing: a stop request need not wait out the back-off
-            time.sleep(wait_s)
+            interrupt.patient_sleep(wait_s)  # the failed call changed nothing: a stop need not wait out the back-off
 
 
 def _disk_full(exc: Exception) -> str | None:
@@ -137,13 +138,27 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
         return open_journal_storage(url)
     check_storage_url(url)
     backend = make_url(url).get_backend_name()
-    # SQLite: wait for a lock held by another process instead of failing at once.
-    engine_kwargs = {"connect_args": {"timeout": 30}} if backend == "sqlite" else {"pool_pre_ping": True}
+    engine_kwargs = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}} if backend == "sqlite" \
+        else {"pool_pre_ping": True}
     try:
-        return rdb_storage(url, engine_kwargs)
+        return _open_waiting_out_a_lock(url, engine_kwargs)
     except (SQLAlchemyError, OSError) as exc:
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         raise StorageError(f"cannot open storage {redact(url)}: {redact_in(reason, url)}") from None
+
+
+def _open_waiting_out_a_lock(url: str, engine_kwargs: dict) -> "RetryingStorage":
+    """rdb_storage, with another process's lock (met creating or checking the tables) waited out as call_with_retry
+    waits; any other error (no such folder, no server) is raised at once."""
+    from autotune import interrupt
+
+    for wait_s in STORAGE_RETRY_WAITS_S + (None,):
+        try:
+            return rdb_storage(url, engine_kwargs)
+        except sqlalchemy.exc.OperationalError as exc:
+            if wait_s is None or "locked" not in str(exc.orig):
+                raise
+            interrupt.patient_sleep(wait_s)
 
 
 def rdb_storage(url: str, engine_kwargs: dict) -> RetryingStorage:
