@@ -7,6 +7,7 @@ import fcntl
 import os
 import re
 import socket
+import tempfile
 from pathlib import Path
 
 import optuna
@@ -215,17 +216,38 @@ def redact_in(text: str, url: str) -> str:
 
 
 _HELD: dict[Path, int] = {}  # lock files this process holds (flock is per open file: never open one twice)
+# One lock per database file, whatever path reaches it (a hard link, a bind mount): named by device and inode. It is
+# this machine's; the lock next to the database also stops a second host that reaches the same path over NFS.
+IDENTITY_LOCK_DIR = Path(tempfile.gettempdir()) / "autotune-sqlite-locks"
 
 
 def hold_single_writer(url: str) -> None:
     """SQLite takes one writer process (Optuna FAQ; two workers on one file ran the same trial and crashed):
-    hold an exclusive lock next to the database for this process's life, or stop with one line."""
+    hold an exclusive lock on the database file's identity and next to it for this process's life, or stop with
+    one line."""
     if is_journal_url(url):
         return
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
         return
-    lock_path = Path(parsed.database + ".lock").expanduser().resolve()
+    database = Path(parsed.database).expanduser()
+    try:  # the file must exist to have an identity: an empty file is a new SQLite database
+        os.close(os.open(database, os.O_RDWR | os.O_CREAT, 0o644))
+        identity = database.stat()
+    except OSError:
+        return  # opening the storage says why in one line
+    _hold(Path(str(database.resolve()) + ".lock"), parsed.database)
+    try:
+        IDENTITY_LOCK_DIR.mkdir(exist_ok=True)
+        if IDENTITY_LOCK_DIR.stat().st_uid == os.getuid():
+            IDENTITY_LOCK_DIR.chmod(0o1777)  # every user's databases, each user's own lock files (sticky)
+        by_identity = IDENTITY_LOCK_DIR / f"{identity.st_dev}-{identity.st_ino}.lock"
+        _hold(by_identity, parsed.database)
+    except PermissionError:
+        pass  # another user's lock folder or file: that user's database, which this user cannot write either
+
+
+def _hold(lock_path: Path, database: str) -> None:
     if lock_path in _HELD:
         return
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -234,7 +256,7 @@ def hold_single_writer(url: str) -> None:
     except BlockingIOError:
         holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
         os.close(fd)
-        raise ConfigError(f"the study database {parsed.database} is in use by another autotune process ({holder}); "
+        raise ConfigError(f"the study database {database} is in use by another autotune process ({holder}); "
                           "SQLite takes one writer: for several workers use PostgreSQL (--storage "
                           "postgresql+psycopg://...) or a journal file (--storage journal:///shared/study.log)") from None
     os.ftruncate(fd, 0)

@@ -222,6 +222,29 @@ def test_a_second_writer_on_one_sqlite_file_is_one_line_naming_the_alternatives(
     assert len(out.strip().splitlines()) == 1
 
 
+def test_the_sqlite_writer_lock_is_the_files_not_the_paths(tmp_path):
+    """A hard link (or a bind mount) is another path to the same file: it ran two writers (issue 33)."""
+    import os
+    import subprocess
+    import sys
+
+    from autotune.storage.urls import hold_single_writer
+
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    db = tmp_path / "one" / "a.db"
+    hold_single_writer(f"sqlite:///{db}")
+    os.link(db, tmp_path / "two" / "b.db")
+    other = f"sqlite:///{tmp_path / 'two' / 'b.db'}"
+    code = ("from autotune.storage.urls import hold_single_writer; from autotune.errors import ConfigError\n"
+            f"try:\n    hold_single_writer({other!r})\n    print('held')\nexcept ConfigError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    assert "in use by another autotune process" in out and "held" not in out, out
+    (tmp_path / "two" / "c.db").write_bytes(b"")  # another file in the same folder is free
+    fresh = code.replace(repr(other), repr(f"sqlite:///{tmp_path / 'two' / 'c.db'}"))
+    assert subprocess.run([sys.executable, "-c", fresh], capture_output=True, text=True, timeout=60).stdout == "held\n"
+
+
 def test_a_tuner_whose_trial_was_failed_by_another_goes_on_with_the_next(tmp_path):
     """A worker that lost its database for longer than the grace finds its trial failed (and retried) by
     another tuner: it cannot store its result there, and carries on instead of crashing."""
