@@ -178,7 +178,7 @@ def build_tune_config(args):
         raise ConfigError("the workload comes from --from; remove `workload:` from tune.yaml")
     gpus = args.gpus if args.gpus is not None else (job.gpus_per_node if job else None)
     if gpus is None:
-        raise ConfigError("--gpus is required (GPUs per node)")
+        raise ConfigError("--gpus is required (GPUs per node)" + _gpu_count_hint(args.gpu))
     args.nodes = args.nodes if args.nodes is not None else (job.nodes if job and job.nodes else 1)
     check_cluster(gpus, args.nodes)
     args.gpus = gpus
@@ -231,6 +231,11 @@ def build_tune_config(args):
     if choice.note:
         print(choice.note)
     return cfg
+
+
+def _gpu_count_hint(gpu: str | None) -> str:
+    """`--gpu 8` (the GPU type) where `--gpus 8` (the count) was meant: argparse takes both, so say which is which."""
+    return f"; --gpu names the GPU type (H100, H200): did you mean --gpus {gpu}?" if gpu and gpu.isdigit() else ""
 
 
 def choose_gpu(name: str | None, detected):
@@ -293,7 +298,8 @@ def cmd_estimate(args) -> int:
     gpus = args.gpus if args.gpus is not None else job.gpus_per_node
     nodes = args.nodes if args.nodes is not None else (job.nodes or 1)
     if gpus is None or gpus < 1 or nodes < 1:
-        raise ConfigError("--gpus (GPUs per node, >= 1) is required when the job does not set trainer.n_gpus_per_node")
+        raise ConfigError("--gpus (GPUs per node, >= 1) is required when the job does not set trainer.n_gpus_per_node"
+                          + _gpu_count_hint(args.gpu))
     check_cluster(gpus, nodes)
     gpu, gpu_how = choose_gpu(args.gpu, detect_gpus())
     workload = job.workload
@@ -331,7 +337,7 @@ def _estimate_flags(args) -> int:
     if not name:
         raise ConfigError("estimate needs --from SCRIPT|CONFIG, or --model and --gpus")
     if args.gpus is None or args.gpus < 1:
-        raise ConfigError("--gpus (GPUs per node, >= 1) is required with --model")
+        raise ConfigError("--gpus (GPUs per node, >= 1) is required with --model" + _gpu_count_hint(args.gpu))
     nodes = args.nodes if args.nodes is not None else 1
     if nodes < 1:
         raise ConfigError(f"--nodes must be at least 1, but got --nodes {nodes}")

@@ -78,3 +78,17 @@ class ProbeEnvironmentError(ProbeError):
     """The probe cannot run on this machine at all (missing package, no GPU, bad path): stop the study."""
 
     exit_code = 2
+
+
+def install_hint(extra: str) -> str:
+    """The `pip install` of an optional extra that works where this autotune runs: from a source checkout (its
+    pyproject.toml beside the package, as in an editable install) the checkout's folder, since the PyPI name
+    installs the published release, not this code."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        source = 'name = "verl-autotune"' in (root / "pyproject.toml").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        source = False
+    return f"pip install '{root}[{extra}]'" if source else f"pip install 'verl-autotune[{extra}]'"

@@ -160,7 +160,9 @@ def dashboard_app(storage, artifact_dir: Path):
     try:
         import optuna_dashboard
     except ImportError:
-        raise ConfigError("autotune dashboard needs optuna-dashboard: pip install 'verl-autotune[dashboard]'") from None
+        from autotune.errors import install_hint
+
+        raise ConfigError(f"autotune dashboard needs optuna-dashboard: {install_hint('dashboard')}") from None
     from optuna.artifacts import FileSystemArtifactStore
 
     if artifact_dir.parent.is_dir():  # the run's folder: probe logs land here (search/driver.py keeps them)

@@ -204,3 +204,46 @@ def test_host_mem_gib_keeps_offload_within_the_nodes_ram(tmp_path):
     assert host and all(not t.user_attrs.get("launched") for t in host)
     assert all(t.user_attrs["predicted_host_gib"] <= 0.9 * 128 for t in study.trials
                if t.user_attrs.get("state") == "simulated")
+
+
+# ---- issue 32 item 7: smaller defects ------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [["run", "--model", "qwen2.5-7b", "--gpu", "8"],
+                                  ["estimate", "--model", "qwen2.5-7b", "--gpu", "8"]])
+def test_a_gpu_count_given_as_the_gpu_type_is_named(argv, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.endswith("did you mean --gpus 8?"), err
+
+
+def test_train_with_a_missing_config_says_it_is_missing(tmp_path, capsys):
+    assert main(["train", "--config", str(tmp_path / "missing.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "no such file" in err and "not an exported best.yaml" not in err
+
+
+def test_install_hints_work_from_a_source_checkout():
+    """The PyPI name installs the published release; from this checkout, the checkout's folder is what installs."""
+    import autotune
+    from autotune.errors import install_hint
+    from autotune.backends.select import EXTRAS
+
+    root = Path(autotune.__file__).resolve().parents[1]
+    assert install_hint("dashboard") == f"pip install '{root}[dashboard]'"
+    assert EXTRAS["verl"] == f"pip install '{root}[verl]'"
+
+
+def test_the_export_names_the_package_a_chosen_knob_needs():
+    from autotune.hardware import get_gpu
+    from autotune.models import get_model
+    from autotune.spaces.candidate import Candidate
+    from autotune.verl.export import export_header
+
+    def header(candidate):
+        return "\n".join(export_header(model=get_model("qwen2.5-7b"), gpu_name="H200", gpus_per_node=8, nodes=1,
+                                       backend="sim", simulated=True, study="s", trial=3, tokens_per_s_per_gpu=1.0,
+                                       mfu=None, peak_mem_gib=1.0, baseline_tokens_per_s_per_gpu=None,
+                                       tuned_workload_knobs=(), config_dir=Path("."), candidate=candidate))
+
+    assert "use_liger: true needs the liger-kernel package" in header(Candidate(use_liger=True))
+    assert "liger-kernel" not in header(Candidate(use_liger=False))

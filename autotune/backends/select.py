@@ -5,16 +5,15 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
+from autotune.errors import install_hint
 from autotune.errors import BackendUnavailable
 from autotune.hardware import DetectedGpus
 from autotune.backends.base import BACKEND_NAMES
+from autotune.verl.keys import KNOB_PACKAGES  # a knob's package where verl runs
 
 # Python packages each real backend needs on the probing machine.
 REQUIREMENTS = {"verl": ("verl", "vllm", "ray"), "torch": ("torch", "transformers")}
-EXTRAS = {"verl": "pip install 'verl-autotune[verl]'", "torch": "pip install 'verl-autotune[torch]'"}
-# Boolean knobs whose True needs an optional package where the probe runs (verl imports it when the knob
-# is on: engine/fsdp/transformer_impl.py:310 for liger_kernel).
-KNOB_PACKAGES = {"use_liger": "liger_kernel"}
+EXTRAS = {"verl": install_hint("verl"), "torch": install_hint("torch")}
 
 
 @dataclass(frozen=True)

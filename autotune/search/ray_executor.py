@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import optuna
 
+from autotune.errors import install_hint
 from autotune.config import TuneConfig
 from autotune.errors import BackendUnavailable, ProbeCrashed, ProbeEnvironmentError, ProbeOOM, ProbeRejected, ProbeTimeout
 from autotune.backends.base import ProbePruned, ProbeRequest, ProbeRunner, get_runner
@@ -29,7 +30,7 @@ def _ray():
     try:
         import ray
     except ImportError:
-        raise BackendUnavailable("--executor ray needs Ray: pip install 'verl-autotune[ray]'") from None
+        raise BackendUnavailable(f"--executor ray needs Ray: {install_hint('ray')}") from None
     return ray
 
 

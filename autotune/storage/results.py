@@ -163,7 +163,7 @@ def export_best(study: optuna.Study, out_dir: Path, *, keep_edited: bool = False
                            # any candidate of the study agrees with the user's job on every held knob
                            holds=holds(identity.get("passthrough") or {}, candidate.actor_engine, workload.lora_rank,
                                        candidate.rollout_tp),
-                           env=identity.get("env") or {})
+                           env=identity.get("env") or {}, candidate=candidate)
     path = Path(out_dir) / "best.yaml"
     if edited_by_hand(path):
         if keep_edited:

@@ -21,7 +21,7 @@ from autotune.models import ModelSpec
 from autotune.spaces.candidate import Candidate
 from autotune.verl.hydra_syntax import hydra_value
 from autotune.verl.engines import engine_own, family
-from autotune.verl.keys import ADDED_KEYS, OTC, TABLE, Job
+from autotune.verl.keys import ADDED_KEYS, KNOB_PACKAGES, OTC, TABLE, Job
 from autotune.verl.pipeline_split import Split, split_error
 from autotune.workload import Workload
 
@@ -222,7 +222,8 @@ def export_header(*, model: ModelSpec, gpu_name: str, gpus_per_node: int, nodes:
                   peak_mem_gib: float, baseline_tokens_per_s_per_gpu: float | None,
                   tuned_workload_knobs: tuple[str, ...], config_dir: Path, baseline_label: str = "verl default",
                   baseline_trial: int | None = None, verl_default_tokens_per_s_per_gpu: float | None = None,
-                  exported_model_path: str | None = None, holds=(), env: dict | None = None) -> list[str]:
+                  exported_model_path: str | None = None, holds=(), env: dict | None = None,
+                  candidate: Candidate | None = None) -> list[str]:
     kind = "SIMULATED by the calibrated model, not measured" if simulated else f"measured by the {backend} backend"
     lines = [
         "autotune export: verl 0.9.1 GRPO configuration",
@@ -246,6 +247,11 @@ def export_header(*, model: ModelSpec, gpu_name: str, gpus_per_node: int, nodes:
         lines.append("workload held fixed: batch sizes, rollout.n, lengths and algorithm are yours")
     lines += [hold.describe() for hold in holds]
     lines += env_lines(env or {})
+    for knob, package in KNOB_PACKAGES.items():
+        if candidate is not None and getattr(candidate, knob, False):
+            name = package.replace("_", "-")
+            lines.append(f"{knob}: true needs the {name} package where verl runs (`pip install {name}`); verl "
+                         "imports it at start-up")
     lines += [
         f"exported {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
         f"run: python3 -m verl.trainer.main_ppo --config-path={Path(config_dir).resolve()} --config-name=best",

@@ -361,3 +361,9 @@ def active_knobs_for(workload: Workload, engine: str, dynamic: bool | None = Non
         out |= {k.field for k in TABLE if k.field and k.field not in WORKLOAD_FIELDS
                 and job.candidate.actor_engine in k.engines and (k.field_when or k.when)(job)}
     return frozenset(out)
+
+
+# Boolean knobs whose True needs an optional package where verl runs: verl imports it once the knob is on
+# (workers/engine/fsdp/transformer_impl.py:310 for liger_kernel). Probes hold such a knob off where the package is
+# missing (backends/select.py); the export names the package (export.export_header).
+KNOB_PACKAGES = {"use_liger": "liger_kernel"}

@@ -22,6 +22,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import ClassVar
 
+from autotune.errors import install_hint
 from autotune.errors import (
     BackendUnavailable,
     ProbeCrashed,
@@ -52,7 +53,7 @@ EXIT_REJECTED = 6  # a configuration verl itself would refuse (e.g. a token budg
 REQUEST_FILE = "request.json"
 RESULT_FILE = "result.json"
 LOG_FILE = "probe.log"  # the driver keeps run_dir/probe.log as the trial's artifact
-_INSTALL_HINT = "the torch backend needs `pip install 'verl-autotune[torch]'`"
+_INSTALL_HINT = f"the torch backend needs `{install_hint('torch')}`"
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding `autotune/`
 
 
