@@ -12,7 +12,9 @@ the whole composed configs are compared leaf by leaf. A difference is explained 
   engine's config declares is that engine's own setting, and carries nothing of the job while it holds that
   engine's default; a key both declare with different defaults is in `ENGINE_DEFAULT_DIFFERENCES`; a user's
   setting the switch drops must be in `SPEED_ONLY_ENGINE_KEYS`;
-- a key verl 0.9.1 no longer has (`NOT_IN_VERL`), which the user's job cannot carry either.
+- a key verl 0.9.1 no longer has (`NOT_IN_VERL`), which the user's job cannot carry either;
+- a local path made absolute (`~` expanded, a relative one against the folder the job is started from,
+  autotune/verl/paths.py): the same file, which verl then finds from a probe's folder too.
 
 Anything else is a change of the training, and is reported as one line per key. Used by tests and
 benchmarks; imports verl's Hydra config lazily (hydra-core and verl installed, even --no-deps).
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 _ABSENT = "<absent>"
 
@@ -115,6 +118,7 @@ def compare(user_cfg, export_cfg, *, user_engine: str, export_engine: str, gpus_
     """Every difference between the two composed configs that no declared rule explains."""
     from autotune.verl.engines import ENGINE_DEFAULT_DIFFERENCES, family, read_only_by, speed_only
     from autotune.verl.keys import ADDED_KEYS, DEPRECATED_GLOBAL_MICRO, TABLE
+    from autotune.verl.paths import absolute_files, is_path_key
 
     # the deprecated global micro-batch keys are the same knob as the per-GPU ones the export writes
     system = {row.verl_key for row in TABLE if row.kind in ("knob", "derived")} | set(ADDED_KEYS) \
@@ -139,6 +143,8 @@ def compare(user_cfg, export_cfg, *, user_engine: str, export_engine: str, gpus_
             continue
         if key in system or key in tuned_workload_keys:
             continue
+        if is_path_key(key) and e == absolute_files(list(u) if isinstance(u, tuple) else u, Path.cwd()):
+            continue  # the same file, as an absolute path
         if key in job_shape:
             if e != job_shape[key]:
                 out.append(Difference(key, u, e))

@@ -354,3 +354,21 @@ def test_9_sglang_and_a_strategy_only_megatron_job_are_said():
     notes = " ".join(job.notes)
     assert "rollout.name=sglang" in notes and "vLLM" in notes
     assert "model_engine=megatron" in notes and job.baseline.actor_engine == "megatron"
+
+
+def test_a_data_file_made_absolute_is_the_same_file_and_any_other_path_is_a_change(tmp_path, monkeypatch):
+    """Issue 32 item 1: the import makes `data/x.parquet` absolute against where the job starts; the judge takes
+    that for the same file, and still reports a path that names another one."""
+    from omegaconf import OmegaConf
+
+    from autotune.verl.semantic import compare
+
+    monkeypatch.chdir(tmp_path)
+    user = OmegaConf.create({"data": {"train_files": "data/x.parquet", "val_files": ["v.parquet"]}})
+    same = OmegaConf.create({"data": {"train_files": str(tmp_path / "data" / "x.parquet"),
+                                      "val_files": [str(tmp_path / "v.parquet")]}})
+    other = OmegaConf.create({"data": {"train_files": "/elsewhere/data/x.parquet",
+                                       "val_files": [str(tmp_path / "v.parquet")]}})
+    kw = dict(user_engine="fsdp", export_engine="fsdp", gpus_per_node=8, nodes=1)
+    assert compare(user, same, **kw) == []
+    assert [d.key for d in compare(user, other, **kw)] == ["data.train_files"]
