@@ -60,7 +60,10 @@ def _script(args: list[str]) -> str:
 @pytest.mark.parametrize("setup", sorted(SETUPS))
 def test_import_of_export_is_the_candidate_and_workload(setup):
     model_name, gpn, nodes, workload, fixed = SETUPS[setup]
+    from dataclasses import replace
+
     from autotune.verl.engines import holds
+    from autotune.verl.paths import absolute_files
 
     model = get_model(model_name)
     held = holds({}, fixed.get("actor_engine", "fsdp"), workload.lora_rank)  # a LoRA job keeps its engine family
@@ -76,7 +79,9 @@ def test_import_of_export_is_the_candidate_and_workload(setup):
         job = user_job(import_launch_text(_script(args), source=f"{setup}.sh"))
         # the table writes the vLLM share to 4 decimals (Optuna's float steps carry 1e-16 noise)
         candidate = candidate.with_(gpu_memory_utilization=round(candidate.gpu_memory_utilization, 4))
-        assert job.workload == wl
+        # the import makes data files absolute (verl expands no `~`: autotune/verl/paths.py), the only change
+        assert job.workload == replace(wl, train_files=absolute_files(wl.train_files, Path.cwd()),
+                                       val_files=absolute_files(wl.val_files, Path.cwd()))
         assert job.baseline == candidate, {k: (v, getattr(job.baseline, k)) for k, v in candidate.as_params().items()
                                            if getattr(job.baseline, k) != v}
         assert (job.gpus_per_node, job.nodes) == (gpn, nodes)
