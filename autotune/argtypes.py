@@ -43,6 +43,25 @@ def positive_float(text: str) -> float:
     return value
 
 
+def nonempty_text(text: str) -> str:
+    """A name (--model, --gpu, --study, --storage): empty, it once fell back to the default without a word."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; leave the option out for its default")
+    return text
+
+
+MIN_HOST_MEM_GIB = 1.0  # no node that runs verl has less; smaller values are slips (1e-300 was accepted)
+MAX_HOST_MEM_GIB = float(1 << 20)  # a PiB of RAM per node
+
+
+def host_mem_gib(text: str) -> float:
+    value = positive_float(text)
+    if not MIN_HOST_MEM_GIB <= value <= MAX_HOST_MEM_GIB:
+        raise argparse.ArgumentTypeError(f"must be between {MIN_HOST_MEM_GIB:g} and {MAX_HOST_MEM_GIB:.0f} GiB, "
+                                         f"got {text}")
+    return value
+
+
 _DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
 
 
@@ -62,6 +81,11 @@ def writable_folder(out: str) -> Path:
     """--out: created if missing, and proven writable before anything is stored."""
     if not out.strip():
         raise ConfigError("--out is empty; give a folder (default ./autotune-out)")
+    try:  # verl's configs and best.yaml name it as UTF-8 text; a stray byte crashed the export after the study ran
+        out.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(f"--out {out.encode('utf-8', 'surrogateescape')!r}: not UTF-8 text (byte {exc.start}); "
+                          "name the folder in UTF-8") from None
     path = Path(out).expanduser()
     try:
         path.mkdir(parents=True, exist_ok=True)

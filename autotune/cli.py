@@ -6,12 +6,14 @@ Bad input is one line on stderr and exit code 2, checked before anything is stor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
 
 from autotune import __version__
-from autotune.argtypes import duration_s, positive_float, positive_int, seed_int, whole_int, writable_folder
+from autotune.argtypes import (duration_s, host_mem_gib, nonempty_text, positive_int, seed_int, whole_int,
+                               writable_folder)
 from autotune.errors import AutotuneError, ConfigError
 
 EPILOG = """examples:
@@ -42,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     run = sub.add_parser("run", help="search for the fastest configuration and export it")
-    run.add_argument("--model", help="a Hugging Face id or a local model folder (shapes from its config.json; "
+    run.add_argument("--model", type=nonempty_text,
+                     help="a Hugging Face id or a local model folder (shapes from its config.json; "
                                      "`autotune models` lists the built-in fallback); or `model:` in tune.yaml")
     run.add_argument("--gpus", type=whole_int, help="GPUs per node (default: the --from job's trainer.n_gpus_per_node)")
     run.add_argument("--from", dest="from_job", type=Path,
@@ -56,13 +59,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", default="auto", help="sim | torch | verl | auto (default: auto)")
     run.add_argument("--trials", type=positive_int, default=40,
                      help="finished trials the study should hold (a second run resumes up to this; default 40)")
-    run.add_argument("--storage", help="SQLAlchemy URL of the study database (default: sqlite:///OUT/autotune.db)")
-    run.add_argument("--study", help="study name (default: MODEL-NODESxGPUS-BACKEND)")
+    run.add_argument("--storage", type=nonempty_text,
+                     help="SQLAlchemy URL of the study database (default: sqlite:///OUT/autotune.db)")
+    run.add_argument("--study", type=nonempty_text, help="study name (default: MODEL-NODESxGPUS-BACKEND)")
     run.add_argument("--out", default="autotune-out", help="output folder (default ./autotune-out)")
     run.add_argument("--seed", type=seed_int, default=None, help="sampler seed")
     run.add_argument("--config", type=Path, help="tune.yaml: workload, pinned knobs, narrowed ranges")
-    run.add_argument("--gpu", help="GPU type when none is detected (default H200; `autotune gpus` lists names)")
-    run.add_argument("--host-mem-gib", type=positive_float,
+    run.add_argument("--gpu", type=nonempty_text,
+                     help="GPU type when none is detected (default H200; `autotune gpus` lists names)")
+    run.add_argument("--host-mem-gib", type=host_mem_gib,
                      help="RAM per node for offloaded states (default: this machine's when probes run here; "
                           "unchecked for sim and Ray unless given)")
     run.add_argument("--executor", choices=("local", "ray"), default="local",
@@ -94,8 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--config", type=Path, help="tune.yaml: the workload when there is no --from")
     est.add_argument("--gpus", type=whole_int, help="GPUs per node (default: the job's trainer.n_gpus_per_node)")
     est.add_argument("--nodes", type=whole_int, help="nodes (default: the job's trainer.nnodes)")
-    est.add_argument("--gpu", help="GPU type (default: detected, else H200)")
-    est.add_argument("--model", help="a Hugging Face id or local model folder (with --from: replaces model.path)")
+    est.add_argument("--gpu", type=nonempty_text, help="GPU type (default: detected, else H200)")
+    est.add_argument("--model", type=nonempty_text,
+                     help="a Hugging Face id or local model folder (with --from: replaces model.path)")
     est.add_argument("--json", action="store_true", help="machine-readable output")
     est.add_argument("--mean-response-length", type=whole_int, metavar="TOKENS",
                      help="typical response length (verl's response_length/mean): time is priced over it and memory "
@@ -113,8 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
                                  ("export", "write best.yaml from a stored study", "cmd_export")):
         cmd = sub.add_parser(name, help=helptext)
         cmd.add_argument("--out", default="autotune-out", help="output folder (default ./autotune-out)")
-        cmd.add_argument("--storage", help="study database URL (default: sqlite:///OUT/autotune.db)")
-        cmd.add_argument("--study", help="study name (default: the only study in the storage)")
+        cmd.add_argument("--storage", type=nonempty_text,
+                         help="study database URL (default: sqlite:///OUT/autotune.db)")
+        cmd.add_argument("--study", type=nonempty_text, help="study name (default: the only study in the storage)")
         if name == "export":
             cmd.add_argument("--format", choices=("yaml", "overrides"), default="yaml",
                              help="yaml: OUT/best.yaml (default); overrides: print key=value lines for a launch script")
@@ -364,7 +371,14 @@ def cmd_run(args) -> int:
     from autotune.progress import RunProgress
     from autotune.ui import print_best_table
 
-    cfg = build_tune_config(args)
+    out_is_new = not Path(args.out).expanduser().exists()
+    try:
+        cfg = build_tune_config(args)
+    except AutotuneError:
+        if out_is_new:  # refused input leaves no trace: the --out folder this run created is removed, empty
+            with contextlib.suppress(OSError):
+                Path(args.out).expanduser().rmdir()
+        raise
     label = "your job" if cfg.baseline is not None else "verl default"
     if cfg.host_mem_gib is not None:
         from autotune.model.host_memory import HOST_HEADROOM

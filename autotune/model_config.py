@@ -166,14 +166,25 @@ def spec_from_config(cfg: dict, *, path: str, source: str) -> ModelSpec:
     return replace(spec, published_params=float(spec.param_count()))
 
 
+MAX_MODEL_NAME_CHARS = 4096  # Linux's PATH_MAX; a Hugging Face id is at most 96
+
+
 def resolve_model(name: str) -> ModelSpec:
     """The model the user named, with where its shapes came from; its export path is `name` itself."""
     text = str(name).strip()
     if not text:
         raise ConfigError("the model name is empty; give a Hugging Face id or a local folder")
+    if len(text) > MAX_MODEL_NAME_CHARS:
+        raise ConfigError(f"the model name is longer than {MAX_MODEL_NAME_CHARS} characters (a path's limit); "
+                          f"it starts {text[:40]!r}")
     local = Path(text).expanduser()
-    if looks_like_path(text) or local.is_dir():
-        if not local.exists():
+    try:
+        is_folder = looks_like_path(text) or local.is_dir()
+        exists = local.exists()
+    except OSError as exc:  # a path component longer than the file system's 255 bytes
+        raise ConfigError(f"model {text[:40]!r}...: not a usable path ({exc.strerror or exc})") from None
+    if is_folder:
+        if not exists:
             raise ConfigError(f"model folder {text} does not exist")
         if not local.is_dir():
             raise ConfigError(f"model path {text} is not a folder (a model folder holds config.json)")

@@ -164,6 +164,16 @@ ARGS = {
                               "postgresql+psycopg://u@127.0.0.1:1/db?password=secretpw"],
     "url_password_in_query_unknown_dialect": ["run", "--model", "qwen2.5-1.5b", "--gpus", "8", "--storage",
                                               "oracle+nope://u@h/db?password=secretpw"],
+    # issue 33: empty names fell back to defaults, an in-memory study, files that are no database, a path too long
+    "gpu_empty": ["run", "--model", "qwen2.5-1.5b", "--gpus", "8", "--gpu", ""],
+    "study_empty": ["run", "--model", "qwen2.5-1.5b", "--gpus", "8", "--study", ""],
+    "show_study_empty": ["show", "--study", ""],
+    "host_mem_1e-300": ["run", "--model", "qwen2.5-1.5b", "--gpus", "8", "--host-mem-gib", "1e-300"],
+    "url_sqlite_in_memory": ["run", "--model", "qwen2.5-1.5b", "--gpus", "8", "--storage", "sqlite:///"],
+    "url_sqlite_in_proc": ["run", "--model", "qwen2.5-1.5b", "--gpus", "8", "--storage", "sqlite:////proc/x.db"],
+    "url_journal_dev_null": ["run", "--model", "qwen2.5-1.5b", "--gpus", "8", "--storage", "journal:///dev/null"],
+    "model_5000_characters": ["run", "--model", "x" * 5000, "--gpus", "8"],
+    "model_path_too_long": ["run", "--model", "/" + "y" * 300 + "/m", "--gpus", "8"],
     "gpus_ten_billion": ["run", "--model", "qwen2.5-1.5b", "--gpus", "10000000000"],
     "nodes_ten_billion": ["run", "--model", "qwen2.5-1.5b", "--gpus", "8", "--nodes", "10000000000"],
     "config_dev_zero": ["run", "--model", "qwen2.5-1.5b", "--gpus", "8", "--config", "/dev/zero"],
@@ -186,6 +196,24 @@ def test_bad_invocation(existing, name):
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "secretpw" not in proc.stderr + proc.stdout  # a storage URL's password is never printed
     assert _trials(existing) == before
+
+
+def test_a_rejected_run_leaves_no_out_folder_it_created(tmp_path):
+    """Refused input leaves no trace (issue 33: three rejected inputs left an empty --out folder)."""
+    for args in (["--model", "gpt-5"], ["--model", "qwen2.5-72b", "--gpus", "1"], ["--storage", "oracle+nope://h/db"]):
+        out = tmp_path / "new" / "out"
+        proc = _cli("run", "--gpus", "8", "--model", "qwen2.5-1.5b", "--backend", "sim", "--out", str(out), *args)
+        assert proc.returncode == 2, proc.stderr
+        assert not out.exists(), args
+
+
+def test_an_out_folder_that_is_not_utf8_is_refused_before_the_study(tmp_path):
+    """It crashed the export after the study had run, leaving an empty best.yaml.tmp (issue 33)."""
+    out = os.fsdecode(os.fsencode(str(tmp_path)) + b"/o\xff")
+    proc = _cli(*RUN, "--backend", "sim", "--trials", "2", "--out", out)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "not UTF-8" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_corpus_is_large_enough():

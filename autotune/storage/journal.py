@@ -47,6 +47,8 @@ def check_journal_url(url: str) -> str:
     path = journal_path(url)
     if path.is_dir():
         raise ConfigError(f"--storage {url!r}: {path} is a folder, not a journal file")
+    if path.exists() and not path.is_file():  # /dev/null, a pipe: appended to, never read back
+        raise ConfigError(f"--storage {url!r}: {path} is not a regular file")
     if not path.parent.is_dir():
         raise ConfigError(f"--storage {url!r}: folder {path.parent} does not exist")
     return url

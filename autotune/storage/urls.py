@@ -44,10 +44,15 @@ def check_storage_url(url: str) -> str:
     except ImportError as exc:
         raise ConfigError(f"--storage {redact(url)}: database driver {exc.name or exc} is not installed "
                           "(PostgreSQL: pip install 'psycopg[binary]')") from None
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        parent = Path(parsed.database).expanduser().parent
-        if not parent.is_dir():
-            raise ConfigError(f"--storage {redact(url)!r}: folder {parent} does not exist")
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database in (None, "", ":memory:"):  # SQLite's in-memory database: gone when the run ends
+            raise ConfigError(f"--storage {redact(url)!r}: no database file; an in-memory study cannot be resumed "
+                              "or shown (give sqlite:////path/to/autotune.db)")
+        database = Path(parsed.database).expanduser()
+        if not database.parent.is_dir():
+            raise ConfigError(f"--storage {redact(url)!r}: folder {database.parent} does not exist")
+        if database.exists() and not database.is_file():
+            raise ConfigError(f"--storage {redact(url)!r}: {database} is not a regular file")
     return url
 
 
@@ -64,7 +69,7 @@ STORAGE_RETRY_WAITS_S = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)  # ~30 s: a database res
 _TRANSIENT = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError, sqlalchemy.exc.PendingRollbackError)
 
 
-def call_with_retry(call, *args, **kwargs):
+def call_with_retry(call, *args, database: str = "the study database", **kwargs):
     """`call(*args, **kwargs)`, repeated with back-off while the database is lost or locked.
 
     Each storage call is one transaction, so a call that failed did not happen and is safe to repeat. A full
@@ -80,12 +85,12 @@ def call_with_retry(call, *args, **kwargs):
                 raise  # a real error in the data, not a lost connection or a lock: never retried
             full = _disk_full(cause)
             if full:
-                raise StorageUnavailable(f"the study database's disk is full ({full}); finished trials are "
-                                         "stored, free some space and run the same command") from None
+                raise StorageUnavailable(f"{database}: the disk is full ({full}); finished trials are stored, free "
+                                         "some space and run the same command") from None
             if wait_s is None:
                 reason = str(getattr(cause, "orig", None) or cause).strip().splitlines()[0]
                 raise StorageUnavailable(
-                    f"the study database stopped answering ({reason}) for {sum(STORAGE_RETRY_WAITS_S):.0f} s; "
+                    f"{database} stopped answering ({reason}) for {sum(STORAGE_RETRY_WAITS_S):.0f} s; "
                     "finished trials are stored, run the same command to resume") from None
             from autotune import interrupt
 
@@ -112,13 +117,14 @@ class RetryingStorage(optuna.storages.BaseStorage):
     Optuna's cache in front of an RDBStorage included (open_storage).
     """
 
-    def __init__(self, inner: optuna.storages.BaseStorage) -> None:
+    def __init__(self, inner: optuna.storages.BaseStorage, database: str = "the study database") -> None:
         self.inner = inner
+        self.database = database  # named in the one line that stops the run (the file, or the redacted URL)
 
 
 def _forward(name: str):
     def call(self, *args, **kwargs):
-        return call_with_retry(getattr(self.inner, name), *args, **kwargs)
+        return call_with_retry(getattr(self.inner, name), *args, database=self.database, **kwargs)
 
     call.__name__ = name
     call.__doc__ = getattr(optuna.storages.BaseStorage, name).__doc__
@@ -172,7 +178,11 @@ def rdb_storage(url: str, engine_kwargs: dict) -> RetryingStorage:
     state only after its database call succeeded (optuna 5.1 storages/_cached_storage.py), so a failed call is
     repeated from an unchanged cache.
     """
-    return RetryingStorage(optuna.storages.get_storage(optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)))
+    parsed = make_url(url)
+    database = (f"the study database {parsed.database}" if parsed.get_backend_name() == "sqlite"
+                else f"the study database {redact(url)}")
+    return RetryingStorage(optuna.storages.get_storage(optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)),
+                           database)
 
 
 # query-string keys that carry a secret: libpq's password and sslpassword, tokens and keys of cloud drivers
@@ -234,8 +244,8 @@ def hold_single_writer(url: str) -> None:
     try:  # the file must exist to have an identity: an empty file is a new SQLite database
         os.close(os.open(database, os.O_RDWR | os.O_CREAT, 0o644))
         identity = database.stat()
-    except OSError:
-        return  # opening the storage says why in one line
+    except OSError as exc:
+        raise StorageError(f"cannot create the study database {database}: {exc.strerror or exc}") from None
     _hold(Path(str(database.resolve()) + ".lock"), parsed.database)
     try:
         IDENTITY_LOCK_DIR.mkdir(exist_ok=True)
@@ -244,7 +254,7 @@ def hold_single_writer(url: str) -> None:
         by_identity = IDENTITY_LOCK_DIR / f"{identity.st_dev}-{identity.st_ino}.lock"
         _hold(by_identity, parsed.database)
     except PermissionError:
-        pass  # another user's lock folder or file: that user's database, which this user cannot write either
+        pass  # another user's lock folder or file: the lock next to the database still stands
 
 
 def _hold(lock_path: Path, database: str) -> None:

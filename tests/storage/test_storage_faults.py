@@ -148,6 +148,7 @@ def test_a_full_database_disk_is_reported_as_such_at_once(tmp_path, monkeypatch)
         storage.get_all_studies()
     assert time.monotonic() - started < 1.0 and len(calls) == 1
     assert "\n" not in str(info.value) and "stopped answering" not in str(info.value)
+    assert str(tmp_path / "a.db") in str(info.value)  # which disk to free (issue 33)
 
 
 @pytest.mark.parametrize("writer", ["best_yaml", "result_json"])
