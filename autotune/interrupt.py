@@ -1,5 +1,7 @@
 """Ctrl-C, SIGTERM and SIGHUP stop the tuner: at once before the study loop, at a safe point inside it.
 
+Before this module is loaded, `autotune/__main__.py` (the console script's entry too) stops at once in one line.
+
 A scheduler's SIGTERM (`timeout`, Slurm, Kubernetes) must stop the run whatever it is doing:
 validating, ranking the warm start, waiting out a database. So outside the study loop the handler
 raises KeyboardInterrupt where the main thread is.
@@ -11,13 +13,15 @@ in 10): it landed inside SQLAlchemy, whose half-done transaction kept SQLite loc
 the trial failed could not be written; or inside a weakref callback, where Python only prints
 "Exception ignored" and carries on.
 
-Three more rules keep the clean-up whole:
+Four more rules keep the clean-up whole:
 - Storage calls and a trial's bookkeeping (between Optuna creating a trial and recording who runs it;
   marking an interrupted trial failed) run under `critical()`: a signal that arrives there is held and
   raised when the section ends (outside the loop), and `check()` does not raise inside one.
 - Only the first signal of a stop raises. A second one (an impatient Ctrl-C) is counted, not raised:
   raised inside the except block that records the interrupted trial, it left that trial RUNNING.
   `hurried()` tells a probe's kill to skip its grace period instead.
+- A wait that is only patience (a locked database's back-off) ends on a stop request inside a critical section
+  too (`patient_sleep`): the call that failed changed nothing, and SQLite's lock may outlast any patience.
 - SIGHUP (the terminal closed) is handled like SIGTERM (Python's default would end the process with
   no clean-up at all: https://docs.python.org/3/library/signal.html).
 """
