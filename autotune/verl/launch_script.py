@@ -938,15 +938,28 @@ def import_config_yaml(path) -> ImportedJob:
     if not isinstance(data, dict):
         raise LaunchScriptError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     overrides: dict[str, str] = {}
-    for entry in data.get("defaults") or []:
-        for key, value in (entry.items() if isinstance(entry, dict) else ()):
-            if str(key).startswith("override "):
-                overrides[str(key)[len("override "):].strip()] = hydra_value(value)
+    not_read: list[str] = []  # defaults entries that do not carry over, by name (they were dropped silently)
+    defaults = data.get("defaults") or []
+    for entry in defaults if isinstance(defaults, list) else [defaults]:
+        if isinstance(entry, dict) and len(entry) == 1:
+            key, value = next(iter(entry.items()))
+            group = str(key).removeprefix("override ").strip()
+            if group.startswith("hydra/") or group == "hydra":  # Hydra's own launcher, sweeper, logging: not verl's
+                not_read.append(f"defaults: {key}: {value} (Hydra's own settings; dropped, best.yaml runs one job)")
+            elif str(key).startswith("override "):
+                overrides[group] = hydra_value(value)
+            else:  # a group chosen without `override`: best.yaml composes verl's own defaults list
+                not_read.append(f"defaults: {key}: {value} (not read: best.yaml composes verl's ppo_trainer defaults)")
+        elif entry not in ("_self_", *_VERL_TRAINER_CONFIGS):
+            not_read.append(f"defaults: {entry} (a config of your own; only verl's ppo_trainer is read)")
     for key, value in data.items():
         if key not in ("defaults", "hydra"):
             _flatten(str(key), value, overrides, loaded)
     return ImportedJob(source=str(path), overrides=overrides, config_path=None, config_name=None, env={},
-                       unresolved=())
+                       unresolved=tuple(not_read))
+
+
+_VERL_TRAINER_CONFIGS = ("ppo_trainer", "ppo_megatron_trainer")  # what a primary config's defaults may start from
 
 
 def _check_yaml_size(text: str, path: Path) -> None:

@@ -270,6 +270,17 @@ def test_import_config_yaml_flattens_leaves(tmp_path):
     assert (job.source, job.unresolved, job.env) == (str(path), (), {})
 
 
+def test_a_yaml_defaults_list_is_carried_or_named_never_dropped_silently(tmp_path):
+    """issue 33: a YAML's own defaults were replaced silently, and `override hydra/launcher` reached best.yaml."""
+    path = tmp_path / "mine.yaml"
+    path.write_text("defaults:\n  - ppo_trainer\n  - override hydra/launcher: joblib\n  - my_rm: custom\n"
+                    "  - my_base\n  - override model_engine: megatron\n  - _self_\ntrainer:\n  n_gpus_per_node: 8\n")
+    job = import_config_yaml(path)
+    assert job.overrides == {"model_engine": "megatron", "trainer.n_gpus_per_node": "8"}
+    assert [u.split(" (")[0] for u in job.unresolved] == [
+        "defaults: override hydra/launcher: joblib", "defaults: my_rm: custom", "defaults: my_base"]
+
+
 def test_import_config_yaml_rejects_a_non_mapping(tmp_path):
     path = tmp_path / "list.yaml"
     path.write_text("- a\n- b\n")
