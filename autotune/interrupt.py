@@ -1,6 +1,7 @@
 """Ctrl-C, SIGTERM and SIGHUP stop the tuner: at once before the study loop, at a safe point inside it.
 
-Before this module is loaded, `autotune/__main__.py` (the console script's entry too) stops at once in one line.
+Until the CLI has loaded, `autotune.stop_at_once()` ends the process in one line (from the package's first lines
+when the installed command starts; from autotune/__main__.py under `python -m autotune`).
 
 A scheduler's SIGTERM (`timeout`, Slurm, Kubernetes) must stop the run whatever it is doing:
 validating, ranking the warm start, waiting out a database. So outside the study loop the handler

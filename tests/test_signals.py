@@ -219,11 +219,11 @@ def _console_entry() -> str:
     return tomllib.loads(pyproject.read_text())["project"]["scripts"]["autotune"]
 
 
-@pytest.mark.parametrize("when,command", [("autotune.cli", "run"), ("optuna", "show")])
+@pytest.mark.parametrize("when,command", [("autotune.__main__", "run"), ("autotune.cli", "run"), ("optuna", "show")])
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_the_console_command_stops_in_one_line_however_early_the_signal(tmp_path, sig, when, command):
-    """`autotune` as pip installs it: a signal while the CLI loads (it took a traceback, -15 or -1 before), or while
-    `show` loads Optuna (it kept Python's defaults: -15 and -1 with no word)."""
+    """`autotune` as pip installs it: a signal right after the package's first lines, while the CLI loads (it took a
+    traceback, -15 or -1 before), or while `show` loads Optuna (it kept Python's defaults: -15 and -1, no word)."""
     args = (["run", "--model", "qwen2.5-7b", "--gpus", "8", "--backend", "sim", "--out", str(tmp_path)]
             if command == "run" else ["show", "--out", str(tmp_path)])
     proc = subprocess.run([sys.executable, "-c", _AT_IMPORT, when, str(int(sig)), _console_entry(), *args],
