@@ -11,7 +11,10 @@ import sys as _sys
 
 __version__ = "0.1.0"
 
-STOPPED_AT_ONCE = b"autotune: interrupted; finished trials are stored, run the same command to resume\n"
+# the line a stopped command ends with (cli.main prints it too, once the CLI has loaded)
+INTERRUPTED_LINE = "autotune: interrupted"
+RESUME_NOTE = "; finished trials are stored, run the same command to resume"
+STOPPED_AT_ONCE = f"{INTERRUPTED_LINE}{RESUME_NOTE}\n".encode()
 
 
 def stop_at_once() -> None:

@@ -11,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+import autotune
 from autotune import __version__
 from autotune.argtypes import (duration_s, host_mem_gib, nonempty_text, positive_int, seed_int, whole_int,
                                writable_folder)
@@ -153,8 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         interrupt.ignore_further()  # stopping already: another Ctrl-C here would only print a traceback
         interrupt.reset()
         resumable = args.command in ("run", "worker")
-        print("autotune: interrupted" + ("; finished trials are stored, run the same command to resume" if resumable
-                                         else ""), file=sys.stderr)
+        print(autotune.INTERRUPTED_LINE + (autotune.RESUME_NOTE if resumable else ""), file=sys.stderr)
         return 130
     except BrokenPipeError:  # `autotune ... | head`: the reader left; nothing more to say
         sys.stderr.close()

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import functools
+
 
 class AutotuneError(Exception):
     """Base class: the message is shown to the user as one line."""
@@ -80,6 +82,7 @@ class ProbeEnvironmentError(ProbeError):
     exit_code = 2
 
 
+@functools.cache  # read once: select.py and the torch runner build their hints at import
 def install_hint(extra: str) -> str:
     """The `pip install` of an optional extra that works where this autotune runs: from a source checkout (its
     pyproject.toml beside the package, as in an editable install) the checkout's folder, since the PyPI name

@@ -382,9 +382,8 @@ def _group_members(ctx: StudyContext, study: optuna.Study, executor: Executor, l
     cfg = ctx.cfg
     room = min(group_size(cfg, ctx.runner, executor) - 1,
                cfg.trials - finished_count(study) - executor.in_flight() - 1)
-    if cfg.budget.probes is not None:  # the lead counts once: prepare_trial has already marked it launched
-        lead_uncounted = 0 if lead.trial.user_attrs.get("launched") else 1
-        room = min(room, cfg.budget.probes - spent(study, cfg.world_size).probes - lead_uncounted)
+    if cfg.budget.probes is not None:  # the lead is already spent: launch_request marked it launched
+        room = min(room, cfg.budget.probes - spent(study, cfg.world_size).probes)
     if room <= 0 or not ctx.runner.can_share(lead.request):
         return []
     req = lead.request

@@ -27,7 +27,7 @@ from autotune.search.learned import Acquisition, CorrectedModel, Scored
 from autotune.search.prescreen import MemoryGate
 from autotune.spaces.candidate import Candidate
 from autotune.spaces.space import SearchSpace
-from autotune.storage.records import is_result, records
+from autotune.storage.records import TrialRecord, is_result
 from autotune.storage.tuning_cost import launch_overhead_s
 from autotune.verl.roles import separate_reference
 from autotune.verl.step_knobs import STEP_KNOBS
@@ -75,7 +75,8 @@ def members(study: optuna.Study, cfg: TuneConfig, space: SearchSpace, lead: Cand
         ranked.sort(key=lambda s: s.score, reverse=True)
         return spread(ranked, lead, count, key=lambda s: s.score), None
     ranked.sort(key=improvement_per_step_s, reverse=True)
-    worth = worth_a_step(ranked, acq(lead, workload), launch_overhead_s(records(study)), cfg.probe.timed_steps)
+    worth = worth_a_step(ranked, acq(lead, workload), launch_overhead_s([TrialRecord.of(t) for t in trials]),
+                         cfg.probe.timed_steps)
     return spread(worth, lead, count, key=improvement_per_step_s), len(ranked) - len(worth)
 
 
@@ -93,7 +94,7 @@ def worth_a_step(ranked: list[Scored], lead: Scored | None, overhead_s: float | 
     if lead is None or overhead_s is None or not lead.step_s:
         return ranked
     launch_rate = lead.score / (overhead_s + timed_steps * lead.step_s)
-    return [s for s in ranked if s.step_s and s.score / (timed_steps * s.step_s) >= launch_rate]
+    return [s for s in ranked if s.step_s and improvement_per_step_s(s) / timed_steps >= launch_rate]
 
 
 # the knob of the update pass, the longest training phase: a launch tries several of its values before it tries
