@@ -37,13 +37,17 @@ def timed_step_s(user_attrs: dict) -> float:
 def launch_overhead_s(recs: list[TrialRecord]) -> float | None:
     """What a launch costs beyond its timed steps on this node, seconds (the median over this study's launches that
     measured something): start-up, the warm-up step, teardown, and any step that measured nothing. A launch that
-    failed before its first step is left out; it says what a failure costs, not what a launch does."""
+    failed before its first step is left out; it says what a failure costs, not what a launch does. So is one whose
+    wall time is not longer than the steps it timed: the steps' seconds (verl's own timer) and the wall time (the
+    tuner's) then disagree, and the difference is no cost (a test double's instant launch reporting real-looking
+    steps measured -2.9 s, and made every member look not worth its step)."""
     walls: dict[tuple, list[dict]] = {}
     for r in recs:
         if r.user_attrs.get("launched") and r.user_attrs.get("probe_wall_s"):
             walls.setdefault(launch_of(r.user_attrs, r.number), []).append(r.user_attrs)
     overheads = [sum(a["probe_wall_s"] for a in attrs) - sum(timed_step_s(a) for a in attrs)
                  for attrs in walls.values() if any(timed_step_s(a) > 0 for a in attrs)]
+    overheads = [s for s in overheads if s > 0]
     return statistics.median(overheads) if overheads else None
 
 

@@ -42,6 +42,9 @@ def test_a_launchs_overhead_is_its_wall_time_less_its_timed_steps_median_over_la
             + [_rec(wall_s=90.0, timed=0, number=8)])  # failed at start-up: says what a failure costs, left out
     assert launch_overhead_s(recs) == pytest.approx(300.0)  # median of 450, 300, 280
     assert launch_overhead_s([_rec(wall_s=90.0, timed=0)]) is None
+    # a wall time shorter than the steps it timed (two clocks that disagree) is no cost: left out
+    assert launch_overhead_s([_rec(wall_s=0.3, step_s=3.2, timed=1)]) is None
+    assert launch_overhead_s([_rec(wall_s=0.3, step_s=3.2, timed=1, number=1), _rec(wall_s=400.0)]) == 300.0
 
 
 def test_payback_in_hours_of_the_tuned_run():
