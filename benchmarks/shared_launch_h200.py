@@ -4,10 +4,13 @@ For each launch: its configurations in the order they ran, each one's timed step
 of the launch it ran at), the first configuration's repeat at the end (the spread of one step inside a launch), the
 launch's start-up stages and wall time. For the study: its probe efficiency (timed-step GPU time over all of it,
 autotune's own `tuning_cost`) and its wall time against what separate probes of the same configurations take on the
-same node and job (`--separate-s`: seconds of study wall time per separate probe, measured by an earlier study).
+same node and job. A separate probe's wall time is by default read from each launch itself: its lead ran exactly
+what a probe of its own runs up to the end of its first timed step (start-up, warm-up, one timed step), then the
+launch's teardown (end minus its last step) is added. `--separate-s` gives a measured figure instead (seconds of
+study wall time per separate probe, from an earlier study on the same node).
 
-    python benchmarks/shared_launch_h200.py benchmarks/results/h200-2026-12-05-verl-shared/autotune.db \
-        --separate-s 390   # the 2026-12-03 study of the same job: 3 separate probes in 1170 s (timeline.txt)
+    python benchmarks/shared_launch_h200.py benchmarks/results/h100-2026-12-05-verl-shared/autotune.db
+    python benchmarks/shared_launch_h200.py DB --separate-s 390   # the 2026-12-03 H200 study: 3 probes in 1170 s
 """
 
 from __future__ import annotations
@@ -29,11 +32,21 @@ def describe_trial(attrs: dict) -> str:
             f"/ref {cand.get('ref_log_prob_micro_batch_size_per_gpu')}")
 
 
+def separate_probe_s(stages: dict, lead_first_step: int | None) -> float | None:
+    """What a probe of the lead alone takes: the launch up to its lead's first timed step, and the teardown after
+    the launch's last step (stages are seconds from the launch, autotune/verl/stages.py)."""
+    steps = sorted(int(k[4:]) for k in stages if k.startswith("step"))
+    if lead_first_step is None or f"step{lead_first_step}" not in stages or not steps or "end" not in stages:
+        return None
+    return stages[f"step{lead_first_step}"] + stages["end"] - stages[f"step{steps[-1]}"]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("db", type=Path)
-    ap.add_argument("--separate-s", type=float, required=True,
-                    help="study wall seconds per configuration when each has its own launch (an earlier study)")
+    ap.add_argument("--separate-s", type=float,
+                    help="study wall seconds per configuration when each has its own launch (an earlier study on "
+                         "the same node); default: each launch's own lead up to its first timed step, plus teardown")
     args = ap.parse_args(argv)
     storage = optuna.storages.RDBStorage(f"sqlite:///{args.db.resolve()}")
     (summary,) = optuna.get_all_study_summaries(storage)
@@ -44,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         if r.user_attrs.get("launched"):
             launches.setdefault(launch_of(r.user_attrs, r.number), []).append(r)
     study_wall_s = 0.0
+    separate_each_s: list[float] = []
     for key, members in launches.items():
         members.sort(key=lambda r: (r.user_attrs.get("launch") or {}).get("index", 0))
         launch = members[0].user_attrs.get("launch") or {}
@@ -52,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         stages = members[0].user_attrs.get("stage_s") or {}
         print(f"launch of trials {[r.number for r in members]}: wall {wall_s:.0f} s; stages (s from launch): "
               + " . ".join(f"{k} {v:.0f}" for k, v in stages.items()))
+        alone_s = separate_probe_s(stages, (launch.get("steps") or [None])[0])
+        if alone_s is not None:
+            separate_each_s.append(alone_s)
+            print(f"  its lead alone (start-up, warm-up, first timed step, teardown): {alone_s:.0f} s")
         for r in members:
             a = r.user_attrs
             steps = (a.get("launch") or {}).get("steps")
@@ -68,9 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     n = cost["probes"]
     print(f"\n{n} configurations in {cost['launches']} launch(es): {study_wall_s:.0f} s of launches; "
           f"probe efficiency {100 * (cost['probe_efficiency'] or 0):.0f}% (timed steps over all GPU time)")
-    separate_s = n * args.separate_s
-    print(f"separate probes of the same {n} configurations: about {separate_s:.0f} s ({args.separate_s:.0f} s each); "
-          f"shared/separate = {study_wall_s / separate_s:.2f}")
+    each_s = args.separate_s or (statistics.median(separate_each_s) if separate_each_s else None)
+    if each_s:
+        separate_s = n * each_s
+        how = "given" if args.separate_s else "median of the launches' leads alone"
+        print(f"separate probes of the same {n} configurations: about {separate_s:.0f} s ({each_s:.0f} s each, {how}); "
+              f"shared/separate = {study_wall_s / separate_s:.2f}")
+    else:
+        print("no separate-probe figure: no launch timed its lead (give --separate-s)")
     steps = [r.user_attrs["step_s"] for r in recs if r.user_attrs.get("step_s")]
     if steps:
         print(f"timed step median {statistics.median(steps):.1f} s over {len(steps)} configurations")
