@@ -28,8 +28,16 @@ from autotune.storage.tuning_cost import launch_of, tuning_cost
 
 def describe_trial(attrs: dict) -> str:
     cand = attrs.get("candidate") or {}
+    if cand.get("use_dynamic_bsz"):
+        return f"dyn {cand.get('ppo_max_token_len_per_gpu')}/{cand.get('log_prob_max_token_len_per_gpu')} tok"
     return (f"micro {cand.get('ppo_micro_batch_size_per_gpu')}/{cand.get('log_prob_micro_batch_size_per_gpu')}"
             f"/ref {cand.get('ref_log_prob_micro_batch_size_per_gpu')}")
+
+
+def phases(attrs: dict) -> str:
+    """The timed steps' mean seconds in verl's phases (gen/old_log_prob/ref/update_actor): what moved."""
+    phase_s = attrs.get("phase_s") or {}
+    return "/".join(f"{phase_s[k]:.1f}" if k in phase_s else "-" for k in ("gen", "old_log_prob", "ref", "update_actor"))
 
 
 def separate_probe_s(stages: dict, lead_first_step: int | None) -> float | None:
@@ -78,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             tps = f"{r.tokens_per_s_per_gpu:.0f}" if r.tokens_per_s_per_gpu else "-"
             print(f"  trial {r.number:2d} {r.state:9s} {describe_trial(a):24s} steps {steps}  step {step:>8s}  "
                   f"tokens/s/GPU {tps:>6s}  per step {[round(x) for x in series]}  peak {r.peak_mem_gib or 0:.1f} GiB"
+                  f"  phases s {phases(a)}"
                   + (f"  {r.reason[:80]}" if r.reason and r.state != 'measured' else ""))
             if (a.get("launch") or {}).get("repeat_spread") is not None:
                 print(f"    repeat of the first configuration at the launch's end: spread "

@@ -129,10 +129,8 @@ def _result(i: int, own: list[int], plan: list[int], warmup: int, stream, sample
     """Configuration i's result from its own steps; the first configuration's memory includes the warm-up."""
     steps = ([stream.steps[s] for s in range(1, warmup + 1)] if i == 0 else []) + [stream.steps[s] for s in own]
     summary = summarize(steps, warmup if i == 0 else 0)
-    first = own[0] if i else 1
-    since = stream.switched.get(first, (None, stream.started_s))[1] if i else stream.started_s
-    until = stream.arrived_s.get(own[-1], float("inf"))
-    window = None if samples is None else [s for s in samples if since <= s.t_s <= until]
+    spans = sample_spans(i, own, stream)
+    window = None if samples is None else [s for s in samples if any(a <= s.t_s <= b for a, b in spans)]
     extra = {"log_path": str(log_path), "stage_s": stream.stage_s(wall_s),
              "launch": {"run_dir": str(run_dir), "trials": [r.trial_number for r in requests], "index": i,
                         "steps": own, "wall_s": round(wall_s, 2)}}
@@ -141,6 +139,28 @@ def _result(i: int, own: list[int], plan: list[int], warmup: int, stream, sample
         # the same configuration timed at the start and at the end of the launch: the step-to-step spread
         extra["launch"]["repeat_spread"] = round((max(series) - min(series)) / statistics.mean(series), 4)
     return result_of(summary, steps, stream, window, extra)
+
+
+def sample_spans(i: int, own: list[int], stream) -> list[tuple[float, float]]:
+    """The times (monotonic s) whose GPU samples are configuration i's: from the switch to each run of its own
+    consecutive steps up to the last one's metrics; the first configuration's first run from the launch's start, its
+    warm-up included. A run each, not one span from the first to the last: the first configuration's repeat at the
+    launch's end would otherwise take every member's peak as its own (H200 2026-12-05: the job, 90.0 GiB over its own
+    steps, read 131.4 GiB, the peak of the member at step 11)."""
+    runs: list[list[int]] = []
+    for step in own:
+        if runs and step == runs[-1][-1] + 1:
+            runs[-1].append(step)
+        else:
+            runs.append([step])
+    spans = []
+    for n, run in enumerate(runs):
+        if i == 0 and n == 0:
+            since = stream.started_s
+        else:
+            since = stream.switched.get(run[0], (None, stream.arrived_s.get(run[0] - 1, stream.started_s)))[1]
+        spans.append((since, stream.arrived_s.get(run[-1], float("inf"))))
+    return spans
 
 
 def read_switches(path: Path) -> dict[int, int]:

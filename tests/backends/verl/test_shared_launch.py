@@ -126,3 +126,26 @@ def test_a_start_up_failure_is_every_members_unless_verl_refused_the_launchs_own
     assert isinstance(outcomes[0], error)
     assert isinstance(outcomes[1], error)  # the relaunch, if any, fails the same way in this double
     assert len(_launches(tmp_path)) == (2 if relaunched else 1)
+
+
+def test_each_configuration_reads_the_gpu_peak_of_its_own_steps_only(tmp_path):
+    """The first configuration runs first and again last; the GPU samples between are the members'. A 2026-12-05
+    H200 launch stored the job's peak as 131.4 GiB, a member's; over its own steps the job held 90.0."""
+    from autotune.backends.gpu_monitor import GpuSample
+    from autotune.backends.verl.runner import StepStream, result_of
+    from autotune.backends.verl.shared_launch import _result
+    from autotune.verl.metrics import StepMetrics
+
+    stream = StepStream(tmp_path / "metrics.jsonl", warmup_steps=1, report=lambda *_: False)
+    stream.started_s = 0.0
+    plan = [0, 0, 1, 0]  # warm-up, the first's timed step, the member, the first's repeat
+    for step, (arrived, switched) in enumerate(((100, 5), (140, 101), (180, 141), (220, 181)), start=1):
+        stream.steps[step] = StepMetrics(step, {"perf/throughput": 1000.0, "timing_s/step": 40.0,
+                                                "perf/total_num_tokens": 40000})
+        stream.arrived_s[step], stream.switched[step] = arrived, (plan[step - 1], switched)
+    memory = {range(0, 141): 90.0, range(141, 181): 131.4, range(181, 221): 89.9}
+    samples = [GpuSample(t, 0, 100.0, next(m for r, m in memory.items() if t in r)) for t in range(0, 221)]
+    requests = [_request(tmp_path, n, micro) for n, micro in ((0, 4), (1, 64))]
+    first, member = (_result(i, own, plan, 1, stream, samples, tmp_path, requests, tmp_path / "probe.log", 220.0,
+                             result_of) for i, own in ((0, [2, 4]), (1, [3])))
+    assert first.peak_mem_gib == 90.0 and member.peak_mem_gib == 131.4
