@@ -17,7 +17,7 @@ import os
 import socket
 from pathlib import Path
 
-from autotune.argtypes import positive_int, seed_int, whole_int, writable_folder
+from autotune.argtypes import nonempty_text, positive_int, seed_int, whole_int, writable_folder
 from autotune.errors import ConfigError
 
 DEFAULT_OUT = "autotune-out"
@@ -35,7 +35,7 @@ def add_commands(subparsers) -> None:
     dash = subparsers.add_parser(
         "dashboard", help="serve optuna-dashboard on a stored study",
         description="Serves optuna-dashboard on the study storage, with the probe logs (OUT/artifacts) as artifacts.")
-    dash.add_argument("--storage", help="study storage URL (default: sqlite:///OUT/autotune.db)")
+    dash.add_argument("--storage", type=nonempty_text, help="study storage URL (default: sqlite:///OUT/autotune.db)")
     dash.add_argument("--out", default=DEFAULT_OUT, help="the run's output folder (default ./autotune-out)")
     dash.add_argument("--port", type=_port, default=8080, help="port (default 8080)")
     dash.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -44,8 +44,8 @@ def add_commands(subparsers) -> None:
     report = subparsers.add_parser(
         "report", help="write figures and an HTML report of a stored study",
         description="Writes OUT/report.html (figures embedded), OUT/figures/*.png and OUT/best.yaml.")
-    report.add_argument("--study", help="study name (default: the only study in the storage)")
-    report.add_argument("--storage", help="study storage URL (default: sqlite:///OUT/autotune.db)")
+    report.add_argument("--study", type=nonempty_text, help="study name (default: the only study in the storage)")
+    report.add_argument("--storage", type=nonempty_text, help="study storage URL (default: sqlite:///OUT/autotune.db)")
     report.add_argument("--out", default=DEFAULT_OUT,
                         help="the run's output folder, as in show/export: the study is read from OUT/autotune.db "
                              "unless --storage is given; the report is written there (default ./autotune-out)")
@@ -55,8 +55,8 @@ def add_commands(subparsers) -> None:
         "worker", help="join a running study from another process or node",
         description="Runs trials of an existing study until it holds --trials finished trials. Model, GPUs, "
                     "backend and workload come from the study; give each worker its own --out (or a shared one).")
-    worker.add_argument("--study", required=True, help="the study to join")
-    worker.add_argument("--storage", required=True,
+    worker.add_argument("--study", type=nonempty_text, required=True, help="the study to join")
+    worker.add_argument("--storage", type=nonempty_text, required=True,
                         help="the study's storage URL (postgresql+psycopg://... or journal:///shared/path.log)")
     worker.add_argument("--trials", type=positive_int, default=40,
                         help="finished trials the study should hold, counting every worker's (default 40)")

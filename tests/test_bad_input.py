@@ -168,6 +168,11 @@ ARGS = {
     "gpu_empty": ["run", "--model", "qwen2.5-1.5b", "--gpus", "8", "--gpu", ""],
     "study_empty": ["run", "--model", "qwen2.5-1.5b", "--gpus", "8", "--study", ""],
     "show_study_empty": ["show", "--study", ""],
+    "dashboard_storage_empty": ["dashboard", "--storage", ""],
+    "report_study_empty": ["report", "--study", ""],
+    "report_storage_empty": ["report", "--storage", ""],
+    "worker_study_empty": ["worker", "--study", "", "--storage", "sqlite:///x.db"],
+    "worker_storage_empty": ["worker", "--study", "s", "--storage", ""],
     "host_mem_1e-300": ["run", "--model", "qwen2.5-1.5b", "--gpus", "8", "--host-mem-gib", "1e-300"],
     "url_sqlite_in_memory": ["run", "--model", "qwen2.5-1.5b", "--gpus", "8", "--storage", "sqlite:///"],
     "url_sqlite_in_proc": ["run", "--model", "qwen2.5-1.5b", "--gpus", "8", "--storage", "sqlite:////proc/x.db"],
@@ -186,7 +191,7 @@ ARGS = {
 @pytest.mark.parametrize("name", sorted(ARGS))
 def test_bad_invocation(existing, name):
     args = [a.replace("__EXISTING__", str(existing)) for a in ARGS[name]]
-    if args[0] in ("run", "show", "export") and "--out" not in args:
+    if args[0] in ("run", "show", "export", "report", "dashboard") and "--out" not in args:
         args += ["--out", str(existing)]
     if args[0] == "run" and "--backend" not in args:
         args += ["--backend", "sim"]
