@@ -22,11 +22,16 @@ def tuning_cost(recs: list[TrialRecord], world_size: int, *, simulated: bool) ->
     startups = [r.user_attrs["stage_s"]["ready_to_fit"] for r in launched
                 if isinstance(r.user_attrs.get("stage_s"), dict) and "ready_to_fit" in r.user_attrs["stage_s"]]
     steps = [r.user_attrs["step_s"] for r in launched if r.user_attrs.get("step_s")]
+    # a shared launch times its first configuration again at its end (backends/verl/shared_launch.py): how far one
+    # step of the same configuration moved inside a launch, the noise any two of its members' scores carry
+    spreads = [r.user_attrs["launch"]["repeat_spread"] for r in launched
+               if isinstance(r.user_attrs.get("launch"), dict) and r.user_attrs["launch"].get("repeat_spread") is not None]
     return {"probes": len(launched), "launches": len(launches), "gpu_hours": probe_s * world_size / 3600,
             "timed_step_gpu_hours": timed_s * world_size / 3600,
             "probe_efficiency": timed_s / probe_s if probe_s else None,
             "startup_s": statistics.median(startups) if startups else None,
-            "step_s": statistics.median(steps) if steps else None, "simulated": simulated}
+            "step_s": statistics.median(steps) if steps else None,
+            "repeat_spread": max(spreads) if spreads else None, "simulated": simulated}
 
 
 def timed_step_s(user_attrs: dict) -> float:
@@ -88,6 +93,9 @@ def describe(cost: dict, back: dict | None) -> str:
     shared = f" in {launches} launch(es)" if launches and launches < cost["probes"] else ""
     text = (f"tuning took {60 * cost['gpu_hours']:.0f} GPU-minutes{label} over {cost['probes']} probe(s){shared}"
             + (f"; the timed steps were {100 * eff:.0f}% of it" if eff is not None else ""))
+    if cost.get("repeat_spread") is not None:
+        text += (f"; the first configuration timed again at its launch's end moved {100 * cost['repeat_spread']:.0f}%"
+                 " (speedups below that are within one step's noise)")
     if back is None:
         return text
     if back["pays_back_after_hours"] is None:

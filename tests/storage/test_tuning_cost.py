@@ -71,3 +71,30 @@ def test_the_sims_probe_cost_is_the_h200_probes():
     # plus the 21 s between one probe's last step and the next one's first stamp (benchmarks/probe_stages.py)
     assert SIMULATED_STARTUP_S == pytest.approx(ready + 20.6, abs=1.0)
     assert SIMULATED_WARMUP_FACTOR == pytest.approx(warmup / timed, abs=0.05)
+
+
+def test_the_largest_repeat_spread_of_a_launch_is_the_noise_the_summary_names():
+    first = {"run_dir": "/r/trial0000", "trials": [0, 1], "repeat_spread": 0.05}
+    second = {"run_dir": "/r/trial0002", "trials": [2, 3], "repeat_spread": 0.184}
+    recs = [_rec(number=0, launch=first), _rec(number=1, launch={**first, "repeat_spread": None}),
+            _rec(number=2, launch=second), _rec(number=3, launch={k: v for k, v in second.items() if k != "repeat_spread"})]
+    cost = tuning_cost(recs, 1, simulated=False)
+    assert cost["repeat_spread"] == 0.184
+    assert "moved 18% (speedups below that are within one step's noise)" in describe(cost, None)
+    assert tuning_cost([_rec()], 1, simulated=False)["repeat_spread"] is None
+    assert "moved" not in describe(tuning_cost([_rec()], 1, simulated=False), None)
+
+
+def test_the_h200_shared_launch_study_as_stored():
+    """The real verl study of 2026-12-05 (benchmarks/verl_h200/README.md, fourth study): 18 configurations in two
+    launches; the job's step moved 18.4% between the first launch's start and end."""
+    import optuna
+
+    from autotune.storage.records import records
+
+    db = RESULTS / "h200-2026-12-05-verl-shared" / "autotune.db"
+    storage = optuna.storages.RDBStorage(f"sqlite:///{db}")
+    (summary,) = optuna.get_all_study_summaries(storage)
+    cost = tuning_cost(records(optuna.load_study(study_name=summary.study_name, storage=storage)), 1, simulated=False)
+    assert (cost["probes"], cost["launches"]) == (18, 2)
+    assert cost["probe_efficiency"] == pytest.approx(0.54, abs=0.01) and cost["repeat_spread"] == pytest.approx(0.184, abs=0.001)
