@@ -419,7 +419,12 @@ def cmd_run(args) -> int:
 
         from autotune.storage.tuning_cost import describe
 
+        from autotune.storage.changes import describe_changes
+
         print(status_line(doc, cfg.trials, finished_count(study)))
+        changed = describe_changes(doc["changes_vs_baseline"], doc["baseline_is"])
+        if changed:
+            print(changed)
         print(describe(doc["tuning_cost"], doc["payback"]))
     if doc["best"] is None:
         print(f"no feasible configuration found in {doc['trials_total']} trials; nothing exported "

@@ -465,6 +465,14 @@ def render_html(view: StudyView, *, storage_url: str, figures: dict[str, tuple[s
             parts.append(f"<p>Trial {view.best[0].number}, written to <code>{_e(best_yaml)}</code>"
                          + (" (SIMULATED score)" if view.simulated else "") + ":</p>")
         parts.append(f"<pre>{_e(best_yaml.read_text(encoding='utf-8', errors='replace'))}</pre>")
+        if view.baseline is not None:  # each knob it changed and the phases that moved (storage/changes.py)
+            from autotune.storage.changes import changes_doc, describe_changes
+            from autotune.storage.results import trial_doc
+
+            changed = describe_changes(changes_doc(trial_doc(TrialRecord.of(view.baseline)),
+                                                   trial_doc(TrialRecord.of(view.best[0]))), "the baseline")
+            if changed:
+                parts.append(f"<p>What it changed: {_e(changed)}.</p>")
         parts.append("<h2>How to launch it</h2>")
         verl = " ".join(["python3"] + train_command(best_yaml, [], python="python3")[1:])
         parts.append(f"<pre>autotune train --config {_e(best_yaml)}\n\n"

@@ -8,6 +8,8 @@ from rich.table import Table
 
 from autotune.models import MODELS
 from autotune.verl.stages import describe_stages
+from autotune.storage.changes import changes_doc, describe_changes
+from autotune.storage.results import trial_doc
 from autotune.storage.tuning_cost import launch_of
 from autotune.storage.records import (TrialRecord, baseline_label, baseline_record, best_records, records,
                                       verl_default_record)
@@ -29,10 +31,14 @@ def candidate_summary(c: dict) -> str:
     if c.get("use_dynamic_bsz"):
         batch = f"dyn {c['ppo_max_token_len_per_gpu']}/{c['log_prob_max_token_len_per_gpu']} tok"
     else:
-        batch = f"micro {c['ppo_micro_batch_size_per_gpu']}/{c['log_prob_micro_batch_size_per_gpu']}"
+        # the reference's own micro-batch too: two trials that differed only there printed alike (issue 32 item 4)
+        batch = (f"micro {c['ppo_micro_batch_size_per_gpu']}/{c['log_prob_micro_batch_size_per_gpu']}"
+                 + (f"/{c['ref_log_prob_micro_batch_size_per_gpu']}" if "ref_log_prob_micro_batch_size_per_gpu" in c
+                    else ""))
     saves = [name for key, name in (("gradient_checkpointing", "ckpt"), ("param_offload", "p-off"),
                                     ("optimizer_offload", "o-off"), ("activation_offload", "a-off"),
                                     ("ref_param_offload", "ref-off"), ("use_liger", "liger")) if c.get(key)]
+    saves += ["no-compile"] if c.get("use_torch_compile") is False else []  # verl compiles by default
     return (f"{layout} | rollout tp{c['rollout_tp']} mem {c['gpu_memory_utilization']:.2f} seqs {c['max_num_seqs']} "
             f"| {batch} | {' '.join(saves) or 'no savers'}")
 
@@ -40,9 +46,10 @@ def candidate_summary(c: dict) -> str:
 # What the configuration column's short words mean (candidate_summary), printed under every table that uses them.
 LEGEND = ("configuration: fsdp/fsdp2/megatron = actor engine (tp/pp/vpp/cp/ep = its tensor/pipeline/virtual-pipeline/"
           "context/expert parallel sizes, sp = Ulysses sequence parallel); rollout tp = vLLM tensor parallel, mem = "
-          "gpu_memory_utilization, seqs = max_num_seqs; micro A/B = ppo / log-prob micro-batch per GPU; dyn A/B tok = "
-          "dynamic batching, ppo / log-prob max tokens per GPU; ckpt = gradient checkpointing; p-off / o-off / a-off / "
-          "ref-off = param / optimizer / activation / reference-param offload; liger = use_liger")
+          "gpu_memory_utilization, seqs = max_num_seqs; micro A/B/C = ppo / log-prob / reference log-prob micro-batch per "
+          "GPU; dyn A/B tok = dynamic batching, ppo / log-prob max tokens per GPU; ckpt = gradient checkpointing; p-off / "
+          "o-off / a-off / ref-off = param / optimizer / activation / reference-param offload; liger = use_liger; "
+          "no-compile = use_torch_compile off (verl's default is on)")
 
 
 def trial_line(t: optuna.trial.FrozenTrial) -> str:
@@ -126,6 +133,11 @@ def print_trials(study: optuna.Study) -> None:
             _console.print(f"  {who}{label}: {describe_stages(r.user_attrs['stage_s'])}", markup=False,
                            soft_wrap=True)
     label = baseline_label(study)
+    base = baseline_record(study)
+    if best and base is not None and base.feasible_measurement:  # what the best changed (storage/changes.py)
+        changed = describe_changes(changes_doc(trial_doc(base), trial_doc(best[0])), label)
+        if changed:
+            _console.print(changed, markup=False, soft_wrap=True)
     base_text = "your job (baseline)" if label == "your job" else "verl's default configuration (baseline)"
     _console.print(f"* {base_text}" + ("; d verl's default configuration" if default else "")
                    + ("; BEST the best feasible trial, the one `autotune export` writes" if best_number is not None

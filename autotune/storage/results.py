@@ -12,6 +12,7 @@ from autotune.errors import ConfigError
 from autotune.hardware import get_gpu
 from autotune.models import model_from_identity
 from autotune.spaces.candidate import Candidate
+from autotune.storage.changes import changes_doc
 from autotune.storage.tuning_cost import payback, planned_steps, tuning_cost
 from autotune.verl.engines import holds
 from autotune.verl.export import (edited_by_hand, export_header, model_engine, set_aside, verl_overrides,
@@ -64,8 +65,8 @@ def summary(study: optuna.Study, storage_url: str) -> dict:
         "trials_pruned": sum(r.optuna_state == "PRUNED" for r in recs),
         "trials_failed": sum(r.optuna_state == "FAIL" for r in recs),
         "workload": identity["workload"],
-        "best": _trial_doc(best[0]) if best else None,
-        "baseline": _trial_doc(base) if base and base.feasible_measurement else None,
+        "best": trial_doc(best[0]) if best else None,
+        "baseline": trial_doc(base) if base and base.feasible_measurement else None,
         "baseline_is": baseline_label(study),  # "your job" (--from) or "verl default"
         "model_path": model_from_identity(identity).model_path,
     }
@@ -73,15 +74,17 @@ def summary(study: optuna.Study, storage_url: str) -> dict:
         doc["baseline_outcome"] = {"trial": base.number, "state": base.state, "reason": base.reason}
     default = verl_default_record(study)
     if default is not None:
-        doc["verl_default"] = (_trial_doc(default) if default.feasible_measurement
+        doc["verl_default"] = (trial_doc(default) if default.feasible_measurement
                                else {"trial": default.number, "state": default.state, "reason": default.reason})
     if len(study.directions) == 2:
-        doc["pareto_front"] = [_trial_doc(r) for r in pareto_front(study)]
+        doc["pareto_front"] = [trial_doc(r) for r in pareto_front(study)]
         doc["memory_margin_gib"] = study.user_attrs.get("memory_margin_gib", 0.0)
     if doc["best"] and doc["baseline"]:
         doc["speedup_vs_baseline"] = doc["best"]["tokens_per_s_per_gpu"] / doc["baseline"]["tokens_per_s_per_gpu"]
     if doc["best"] and default is not None and default.feasible_measurement:
         doc["speedup_vs_verl_default"] = doc["best"]["tokens_per_s_per_gpu"] / default.tokens_per_s_per_gpu
+    # each knob the best changed against the baseline, and the phases it moved (storage/changes.py)
+    doc["changes_vs_baseline"] = changes_doc(doc["baseline"], doc["best"])
     # what the tuning cost and when it pays back on the run it tunes (storage/tuning_cost.py)
     doc["tuning_cost"] = tuning_cost(recs, doc["gpus"], simulated=doc["simulated"])
     doc["payback"] = payback(doc["tuning_cost"], world_size=doc["gpus"], speedup=doc.get("speedup_vs_baseline"),
@@ -90,7 +93,7 @@ def summary(study: optuna.Study, storage_url: str) -> dict:
     return doc
 
 
-def _trial_doc(rec: TrialRecord) -> dict:
+def trial_doc(rec: TrialRecord) -> dict:
     attrs = rec.user_attrs
     return {"trial": rec.number, "params": attrs.get("candidate", rec.params),
             "tokens_per_s_per_gpu": rec.tokens_per_s_per_gpu, "mfu": rec.mfu, "peak_mem_gib": rec.peak_mem_gib,
