@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="SQLAlchemy URL of the study database (default: sqlite:///OUT/autotune.db)")
     run.add_argument("--study", type=nonempty_text, help="study name (default: MODEL-NODESxGPUS-BACKEND)")
     run.add_argument("--out", default="autotune-out", help="output folder (default ./autotune-out)")
-    run.add_argument("--seed", type=seed_int, default=None, help="sampler seed")
+    run.add_argument("--seed", type=seed_int, default=0,
+                     help="sampler seed (default 0: the same command gives the same study and best.yaml)")
     run.add_argument("--config", type=Path, help="tune.yaml: workload, pinned knobs, narrowed ranges")
     run.add_argument("--gpu", type=nonempty_text,
                      help="GPU type when none is detected (default H200; `autotune gpus` lists names)")
@@ -446,6 +447,9 @@ def status_line(doc: dict, target: int, done: int) -> str:
             text += f", x{doc['speedup_vs_baseline']:.2f} vs {doc['baseline_is']} (trial {doc['baseline']['trial']})"
         if doc.get("speedup_vs_verl_default"):
             text += f", x{doc['speedup_vs_verl_default']:.2f} vs verl default (trial {doc['verl_default']['trial']})"
+        if doc.get("tied_with_best"):
+            text += (f"; tied within {100 * doc['tie_fraction']:.0f}% with trial(s) "
+                     f"{', '.join(map(str, doc['tied_with_best']))}: exported the one with the most memory headroom")
     return (f"{doc['study']}: {done}/{target} trials finished{sim}; {text}; failures: oom {doc['trials_failed_oom']}, "
             f"rejected {doc['trials_rejected_before_launch']}, failed {doc['trials_failed']}")
 

@@ -17,8 +17,8 @@ from autotune.storage.tuning_cost import payback, planned_steps, tuning_cost
 from autotune.verl.engines import holds
 from autotune.verl.export import (edited_by_hand, export_header, model_engine, set_aside, verl_overrides,
                                   write_best_yaml)
-from autotune.storage.records import (TrialRecord, baseline_label, baseline_record, best_records, pareto_front,
-                                      records, verl_default_record)
+from autotune.storage.records import (TIE_FRACTION, TrialRecord, baseline_label, baseline_record, best_records,
+                                      pareto_front, records, tied_with_fastest, verl_default_record)
 from autotune.storage.urls import redact
 from autotune.workload import Workload
 
@@ -83,6 +83,11 @@ def summary(study: optuna.Study, storage_url: str) -> dict:
         doc["speedup_vs_baseline"] = doc["best"]["tokens_per_s_per_gpu"] / doc["baseline"]["tokens_per_s_per_gpu"]
     if doc["best"] and default is not None and default.feasible_measurement:
         doc["speedup_vs_verl_default"] = doc["best"]["tokens_per_s_per_gpu"] / default.tokens_per_s_per_gpu
+    # the results the exported one is tied with (storage/records.py TIE_FRACTION): it is the one with the most headroom
+    ranked = best_records(study, k=len(recs))
+    doc["tied_with_best"] = ([r.number for r in tied_with_fastest(sorted(ranked, key=lambda r: -r.tokens_per_s_per_gpu))
+                              if r.number != ranked[0].number] if ranked else [])
+    doc["tie_fraction"] = TIE_FRACTION
     # each knob the best changed against the baseline, and the phases it moved (storage/changes.py)
     doc["changes_vs_baseline"] = changes_doc(doc["baseline"], doc["best"])
     # what the tuning cost and when it pays back on the run it tunes (storage/tuning_cost.py)
