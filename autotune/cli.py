@@ -223,6 +223,9 @@ def build_tune_config(args):
     require_fit(model, gpu, cfg.workload, gpus_per_node=cfg.gpus_per_node, nodes=cfg.nodes)
     print(first_line(model, gpu, gpu_how, cfg.gpus_per_node, cfg.nodes, cfg.workload,
                      f"from {args.from_job}" if job else ("from " + str(args.config) if args.config else "default")))
+    remark = node_size_remark(cfg.gpus_per_node, cfg.nodes, detected)
+    if remark:
+        print(remark)
     if job is not None:
         print(f"read {args.from_job}: workload held fixed; your job is trial 0, the baseline the speedup is measured "
               f"against; {len(job.passthrough)} other keys pass through")
@@ -265,6 +268,23 @@ def first_line(model, gpu, gpu_how: str, gpus_per_node: int, nodes: int, workloa
             f"({workload_from}): train batch {workload.train_batch_size}, mini {workload.ppo_mini_batch_size}, "
             f"n {workload.rollout_n}, prompt {workload.max_prompt_length}, response {workload.max_response_length}"
             f"{lora}")
+
+
+def node_size_remark(gpus_per_node: int, nodes: int, detected) -> str | None:
+    """A word when --gpus is larger than a node holds (8; this machine's count when one is detected and it has more):
+    --gpus counts per node, and `--gpus 16 --nodes 2` is 32 GPUs where 16 in all were likely meant (issue 32 item 6)."""
+    from autotune.search.feasibility import NODE_GPUS
+
+    node = max(NODE_GPUS, detected.count if detected is not None else 0)
+    if gpus_per_node <= node:
+        return None
+    total = gpus_per_node * nodes
+    text = f"note: --gpus counts GPUs per node: {nodes} node(s) x {gpus_per_node} = {total} GPUs in all"
+    if total % NODE_GPUS == 0:
+        text += f"; nodes of {NODE_GPUS} would be --gpus {NODE_GPUS} --nodes {total // NODE_GPUS}"
+    if nodes > 1 and gpus_per_node % nodes == 0 and gpus_per_node // nodes <= node:
+        text += f"; {gpus_per_node} in all would be --gpus {gpus_per_node // nodes} --nodes {nodes}"
+    return text
 
 
 MAX_GPUS_PER_NODE = 1024  # no machine has more; larger numbers are typos (and slow the layout search to a crawl)

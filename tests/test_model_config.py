@@ -254,6 +254,28 @@ def test_no_layout_says_why_and_what_would(tmp_path, gpus):
     assert "--gpus" in line.split("would run")[0]
 
 
+@pytest.mark.parametrize("gpus", [4, 8])
+def test_a_model_too_large_for_a_node_is_told_more_nodes_not_a_larger_node(tmp_path, gpus):
+    """Issue 32 item 6: 72B on one node of H100s needs a second node; no node holds 16 GPUs."""
+    line = one_line_error(cli("run", "--model", "qwen2.5-72b", "--gpus", gpus, "--gpu", "H100-80GB", "--backend",
+                              "sim", "--out", tmp_path))
+    assert line.endswith("--gpus 8 --nodes 2 would run"), line
+    assert "--gpus 16" not in line
+
+
+def test_more_gpus_than_a_node_holds_is_named_per_node(tmp_path):
+    """`--gpus 16 --nodes 2` is 32 GPUs; the run goes on as asked and says what 16 in all would be."""
+    proc = cli("run", "--model", "qwen2.5-7b", "--gpus", 16, "--nodes", 2, "--backend", "sim", "--trials", 1,
+               "--out", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    note = proc.stdout.splitlines()[1]
+    assert note.startswith("note: --gpus counts GPUs per node: 2 node(s) x 16 = 32 GPUs in all")
+    assert "16 in all would be --gpus 8 --nodes 2" in note
+    quiet = cli("run", "--model", "qwen2.5-7b", "--gpus", 8, "--nodes", 2, "--backend", "sim", "--trials", 1,
+                "--out", tmp_path / "b")
+    assert "note: --gpus counts" not in quiet.stdout
+
+
 # ---- item 8: one truth on resume ------------------------------------------------------------------------
 
 def test_resume_status_line_names_the_exported_trial(tmp_path):

@@ -60,10 +60,16 @@ def fits(model: ModelSpec, gpu: GpuSpec, workload: Workload, *, gpus_per_node: i
     return cand is not None and peak_gib <= gpu.mem_gib
 
 
+# GPUs in a node as sold (HGX/DGX H100, H200, B200: 8): a count past it is met with more nodes, not a larger node
+NODE_GPUS = 8
+MAX_HINT_NODES = 64
+
+
 def working_gpu_counts(model: ModelSpec, gpu: GpuSpec, workload: Workload, *, gpus_per_node: int, nodes: int,
                        want: int = 3) -> list[int]:
-    """Nearby GPUs-per-node counts (up to 16, nearest first) on which some layout is valid and fits."""
-    nearby = sorted((g for g in range(1, max(16, gpus_per_node) + 1) if g != gpus_per_node),
+    """Nearby GPUs-per-node counts (up to a node's NODE_GPUS, or the count given when larger; nearest first) on which
+    some layout is valid and fits."""
+    nearby = sorted((g for g in range(1, max(NODE_GPUS, gpus_per_node) + 1) if g != gpus_per_node),
                     key=lambda g: (abs(g - gpus_per_node), -g))
     found = []
     for g in nearby:
@@ -72,6 +78,22 @@ def working_gpu_counts(model: ModelSpec, gpu: GpuSpec, workload: Workload, *, gp
             if len(found) == want:
                 break
     return sorted(found)
+
+
+def working_node_count(model: ModelSpec, gpu: GpuSpec, workload: Workload, *, gpus_per_node: int,
+                       nodes: int) -> int | None:
+    """The fewest nodes, more than `nodes`, of max(gpus_per_node, NODE_GPUS) GPUs each on which some layout fits
+    (a model too large for one node's memory; doubling first, then the counts between)."""
+    per_node = max(gpus_per_node, NODE_GPUS)
+    tried = set()
+    n = nodes * 2
+    while n <= MAX_HINT_NODES:
+        tried.add(n)
+        if fits(model, gpu, workload, gpus_per_node=per_node, nodes=n):
+            return next((m for m in range(max(nodes + 1, n // 2 + 1), n) if m not in tried
+                         and fits(model, gpu, workload, gpus_per_node=per_node, nodes=m)), n)
+        n *= 2
+    return None
 
 
 def require_fit(model: ModelSpec, gpu: GpuSpec, workload: Workload, *, gpus_per_node: int, nodes: int) -> None:
@@ -91,7 +113,11 @@ def require_fit(model: ModelSpec, gpu: GpuSpec, workload: Workload, *, gpus_per_
     else:
         why = f"needs at least {peak_gib:.0f} GiB per GPU with every memory saver on (memory bound)"
     counts = working_gpu_counts(model, gpu, workload, gpus_per_node=gpus_per_node, nodes=nodes)
-    hint = (f"--gpus {' or '.join(map(str, counts))} would run" + (f" on {nodes} nodes" if nodes > 1 else "")
-            if counts else "use more nodes or a GPU with more memory")
+    if counts:
+        hint = f"--gpus {' or '.join(map(str, counts))} would run" + (f" on {nodes} nodes" if nodes > 1 else "")
+    else:  # more GPUs than a node holds: more nodes, as verl's own multi-node examples run (8 GPUs per node)
+        more = working_node_count(model, gpu, workload, gpus_per_node=gpus_per_node, nodes=nodes)
+        hint = (f"--gpus {max(gpus_per_node, NODE_GPUS)} --nodes {more} would run" if more
+                else "use a GPU with more memory")
     raise ConfigError(f"{model.name} cannot run on {nodes} x {gpus_per_node} {gpu.name} ({gpu.mem_gib:.0f} GiB each): "
                       f"{why}; {hint}")
