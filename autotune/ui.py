@@ -54,7 +54,8 @@ LEGEND = ("configuration: fsdp/fsdp2/megatron = actor engine (tp/pp/vpp/cp/ep = 
 
 def trial_line(t: optuna.trial.FrozenTrial) -> str:
     r = TrialRecord.of(t)
-    tag = f" ({t.user_attrs.get('label') or 'baseline'})" if r.baseline or t.user_attrs.get("verl_default") else ""
+    tag = (f" ({t.user_attrs.get('label') or 'baseline'})" if r.baseline or t.user_attrs.get("verl_default")
+           else f" ({t.user_attrs['label']})" if t.user_attrs.get("label") else "")
     if r.feasible_measurement:
         mfu = "n/a" if r.mfu is None else f"{r.mfu:.2f}"
         return (f"trial {r.number:3d}{tag} {r.state:9s} {r.tokens_per_s_per_gpu:8.0f} tok/s/GPU  MFU {mfu}  "

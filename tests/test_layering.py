@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("the analytic model", {"model"}),
     ("backends and storage", {"backends", "storage"}),
     ("the search", {"search"}),
-    ("front ends", {"cli", "__main__", "argtypes", "estimate", "progress", "report", "study_tools", "ui"}),
+    ("front ends", {"cli", "__main__", "argtypes", "estimate", "progress", "report", "study_tools", "train", "ui"}),
 ]
 LAYER_OF = {unit: i for i, (_, units) in enumerate(LAYERS) for unit in units}
 

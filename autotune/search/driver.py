@@ -30,7 +30,7 @@ from autotune.search.sampler import make_pruner, make_sampler
 from autotune.search import groups, learned
 from autotune.search.equivalence import config_key
 from autotune.search.executor import Executor, Finished, InProcess, Launch, Report
-from autotune.search.warmstart import rank_space
+from autotune.search.warmstart import expert_parallel_start, rank_space
 from autotune.spaces.candidate import Candidate
 from autotune.verl.roles import separate_reference
 from autotune.verl.rules import Violation, check
@@ -233,11 +233,17 @@ def enqueue_warm_start(study: optuna.Study, cfg: TuneConfig, space: SearchSpace)
     """The cost model's best predictions, right after verl's default (once per study)."""
     if not cfg.search.warm_start or study.user_attrs.get("warm_started"):
         return 0
-    ranked = rank_space(cfg, space, MemoryGate.of(study), keep=cfg.search.warm_start, seed=cfg.seed)
-    for rank, r in enumerate(ranked):
+    gate = MemoryGate.of(study)
+    ranked = rank_space(cfg, space, gate, keep=cfg.search.warm_start, seed=cfg.seed)
+    labels = [None] * len(ranked)
+    widest = expert_parallel_start(cfg, space, gate, seed=cfg.seed)
+    if widest is not None and all(r.candidate.actor_ep < widest.candidate.actor_ep for r in ranked):
+        ranked.append(widest)
+        labels.append(f"EP {widest.candidate.actor_ep}, as verl's MoE recipes")
+    for rank, (r, label) in enumerate(zip(ranked, labels)):
         study.enqueue_trial(space.params_of(r.candidate, r.workload),
                             user_attrs={"warm_start": rank, "predicted_tokens_per_s_per_gpu":
-                                        r.predicted_tokens_per_s_per_gpu})
+                                        r.predicted_tokens_per_s_per_gpu, **({"label": label} if label else {})})
     study.set_user_attr("warm_started", True)
     return len(ranked)
 

@@ -122,6 +122,31 @@ def rank_space(cfg: TuneConfig, space: SearchSpace, gate: MemoryGate, *, samples
     return _spread(picked, keep)
 
 
+def expert_parallel_start(cfg: TuneConfig, space: SearchSpace, gate: MemoryGate, *, samples: int = 1500,
+                          seed: int | None = None) -> Ranked | None:
+    """For an MoE model: the model's best Megatron point with experts spread over the most GPUs the space allows
+    (the largest EP verl's rules and memory admit), whatever the model ranks it.
+
+    verl's own recipes for MoE spread the experts wide: Qwen3-30B-A3B on 8 GPUs at TP1 PP1 EP8 (MFU 0.40),
+    Qwen3-235B-A22B at EP4, DeepSeek-V3 at EP8-32 (docs/perf/dpsk.md). The cost model has no MoE measurement
+    yet and ranks expert parallelism low, so without this seed a study rarely reaches it (none in 40 trials of
+    Qwen3-30B-A3B on 8 GPUs). One probe settles what the prediction cannot.
+    """
+    from dataclasses import replace
+
+    ep = space.domains.get("actor_ep")
+    engines = space.domains["actor_engine"]
+    if ep is None or not cfg.model.is_moe or "actor_ep" in space.fixed or not engines.contains("megatron") \
+            or space.fixed.get("actor_engine", "megatron") != "megatron":
+        return None
+    for size in sorted((e for e in ep.values() if e > 1), reverse=True):
+        pinned = replace(space, fixed={**space.fixed, "actor_engine": "megatron", "actor_ep": size})
+        ranked = rank_space(cfg, pinned, gate, samples=samples, keep=1, seed=seed)
+        if ranked:
+            return ranked[0]
+    return None
+
+
 def _spread(ranked: list[Ranked], keep: int) -> list[Ranked]:
     """The best `keep`, each with an actor layout and a rollout setting no better one has while such remain
     (then one of the two new, then any distinct point). Polishing pulls the best samples to nearly one point;

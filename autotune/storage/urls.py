@@ -40,7 +40,10 @@ def check_storage_url(url: str) -> str:
     try:
         parsed.get_dialect().import_dbapi()
     except NoSuchModuleError:
-        raise ConfigError(f"--storage {redact(url)!r}: unknown database type {parsed.drivername!r}") from None
+        hint = ""
+        if parsed.drivername.split("+")[0] in ("postgres", "pg", "postgre"):  # Heroku-style; SQLAlchemy 1.4 dropped it
+            hint = f" (PostgreSQL is {redact(str(parsed.set(drivername='postgresql+psycopg')))})"
+        raise ConfigError(f"--storage {redact(url)!r}: unknown database type {parsed.drivername!r}{hint}") from None
     except ImportError as exc:
         raise ConfigError(f"--storage {redact(url)}: database driver {exc.name or exc} is not installed "
                           "(PostgreSQL: pip install 'psycopg[binary]')") from None

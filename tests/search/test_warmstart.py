@@ -40,3 +40,52 @@ def test_spread_prefers_new_parts_then_falls_back_to_distinct_points():
     assert [r.candidate for r in _spread(ranked, 2)] == [a, both_new]
     assert [r.candidate for r in _spread(ranked, 3)] == [a, both_new, new_layout]
     assert [r.candidate for r in _spread(ranked, 4)] == [a, both_new, new_layout, twin]
+
+
+# ---- issue 32 item 6: an MoE study tries experts spread wide, as verl's MoE recipes do -----------------------
+
+def _moe_cfg(name: str = "qwen3-30b-a3b", **kw) -> TuneConfig:
+    from dataclasses import replace
+    return replace(_cfg(), model=get_model(name), **kw)
+
+
+def test_an_moe_study_is_seeded_with_the_widest_expert_parallel_layout_verl_accepts():
+    from autotune.search.warmstart import expert_parallel_start
+    from autotune.verl.judge import judge_candidates
+
+    cfg = _moe_cfg()
+    space = SearchSpace.build(cfg.model, cfg.workload, gpus_per_node=8, nodes=1)
+    start = expert_parallel_start(cfg, space, MemoryGate(), samples=300, seed=1)
+    assert start.candidate.actor_engine == "megatron" and start.candidate.actor_ep == 8  # verl's 30B-A3B recipe: EP8
+    assert predicted(cfg, start.candidate, start.workload, MemoryGate()) == start.predicted_tokens_per_s_per_gpu
+    [row] = judge_candidates("ep8", cfg.model, cfg.workload, 8, 1, [start.candidate])
+    assert row["ours"] == [] and row["verl"] is None  # verl's validate_config and dataclasses accept the export
+
+
+def test_the_expert_parallel_seed_respects_the_users_pins_and_dense_models():
+    from autotune.search.warmstart import expert_parallel_start
+
+    cfg = _moe_cfg()
+    for fixed in ({"actor_engine": "fsdp"}, {"actor_engine": "megatron", "actor_ep": 2}):
+        space = SearchSpace.build(cfg.model, cfg.workload, gpus_per_node=8, nodes=1, fixed=fixed)
+        assert expert_parallel_start(cfg, space, MemoryGate(), samples=100, seed=1) is None
+    dense = _cfg()
+    space = SearchSpace.build(dense.model, dense.workload, gpus_per_node=8, nodes=1)
+    assert expert_parallel_start(dense, space, MemoryGate(), samples=100, seed=1) is None
+
+
+def test_the_moe_quick_study_probes_ep8_among_its_first_trials(tmp_path):
+    import subprocess
+    import sys
+
+    import optuna
+
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "autotune", "run", "--model", "qwen3-30b-a3b", "--gpus", "8",
+                           "--backend", "sim", "--trials", "6", "--out", str(out)], capture_output=True, text=True,
+                          timeout=300, env={"CUDA_VISIBLE_DEVICES": "", **__import__("os").environ})
+    assert proc.returncode == 0, proc.stderr
+    assert "(EP 8, as verl's MoE recipes)" in proc.stdout
+    study = optuna.load_study(study_name="qwen3-30b-a3b-1x8-sim", storage=f"sqlite:///{out / 'autotune.db'}")
+    eps = {t.user_attrs["candidate"]["actor_ep"] for t in study.trials if t.user_attrs.get("candidate")}
+    assert 8 in eps

@@ -11,7 +11,8 @@ def test_default_is_an_absolute_sqlite_file_under_out(tmp_path):
 
 @pytest.mark.parametrize("url, message", [
     ("not a url", "is not a database URL"),
-    ("nosuchdb://x/y", "unknown database type"),
+    ("nosuchdb://x/y", "unknown database type 'nosuchdb'$"),
+    ("postgres://u:pw@h/db", r"unknown database type 'postgres' \(PostgreSQL is postgresql\+psycopg://u:\*\*\*@h/db\)"),
     ("sqlite:////definitely/missing/folder/a.db", "does not exist"),
 ])
 def test_bad_urls_are_config_errors(url, message):
