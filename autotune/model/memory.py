@@ -324,7 +324,10 @@ def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Ca
     # the optimizer state is resident throughout, offloaded or not (train_mode loads it on entry)
     tok = tokens_per_micro_batch(cand, workload, forward_only=False, layout=layout) / split
     in_flight = min(cand.actor_pp, max(layout.micro_batches_per_mini, 1)) if cand.is_megatron else 1
-    vpp_extra = 1 + (cand.actor_pp - 1) / (cand.actor_pp * cand.actor_vpp) if cand.is_megatron and cand.actor_pp > 1 else 1
+    # the interleaved schedule holds (1 + (p-1)/(p*v)) times 1F1B's activations on the first stage (Korthikanti et al.
+    # 2022, "Reducing Activation Recomputation in Large Transformer Models", sec. 4.2.3); plain 1F1B (v = 1) holds
+    # PP micro-batches of L/PP layers, `in_flight` alone
+    vpp_extra = 1 + (cand.actor_pp - 1) / (cand.actor_pp * cand.actor_vpp) if cand.is_megatron and cand.actor_vpp > 1 else 1
     act = train_activation_bytes(model, tok, layers=layers_on_rank, checkpointing=cand.gradient_checkpointing,
                                  c=act_c, liger=cand.use_liger)
     act *= in_flight * vpp_extra  # 1F1B keeps up to PP micro-batches of L/PP layers on the first stage

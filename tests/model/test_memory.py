@@ -124,6 +124,16 @@ def test_megatron_tp_and_pp_split_the_weights():
     assert by_pp[0] > by_pp[1] > by_pp[2]
 
 
+def test_1f1b_first_stage_holds_one_micro_batch_of_the_whole_model_and_interleaving_adds_its_factor():
+    """Issue 30: plain 1F1B keeps PP micro-batches of L/PP layers on the first stage (one micro-batch's worth of the
+    whole model); only the interleaved schedule adds (1 + (p-1)/(p*v)) (Korthikanti et al. 2022, sec. 4.2.3). The
+    factor was applied at VPP 1 too (x1.875 on activations at PP 8)."""
+    act = {(pp, vpp): mem(MEGATRON_7B.with_(actor_pp=pp, actor_vpp=vpp, gradient_checkpointing=False))
+           .components_gib["activations"] for pp, vpp in ((1, 1), (2, 1), (4, 1), (2, 2))}
+    assert act[(2, 1)] == pytest.approx(act[(1, 1)]) and act[(4, 1)] == pytest.approx(act[(1, 1)])
+    assert act[(2, 2)] == pytest.approx(act[(2, 1)] * (1 + 1 / 4))
+
+
 def test_megatron_expert_parallel_splits_moe_weights():
     moe = get_model("qwen3-30b-a3b")
     base = MEGATRON_7B
