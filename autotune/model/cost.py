@@ -245,12 +245,33 @@ def decode_weight_bytes(model: ModelSpec, batch: float) -> float:
     return BF16 * (model.param_count() - experts + experts * experts_touched(model, batch))
 
 
-def decode_steps(seqs: float, concurrency: float, mean_len: float, max_len: float) -> float:
-    """Decode steps of one replica's requests under continuous batching: the slots stay full for all but the
-    last wave, and the step lasts until the last-admitted long response reaches max_len. With every response
-    at max_len this is ceil(seqs / concurrency) waves of max_len steps."""
-    waves = math.ceil(seqs / max(concurrency, 1.0) - 1e-9)
-    return max(waves - 1, 0) * mean_len + max_len
+def expected_longest(n: float, mean_len: float, max_len: float) -> float:
+    """Expected longest of `n` responses of mean `mean_len` capped at `max_len`: the longest of n exponential draws
+    is the mean times the n-th harmonic number (about ln n + 0.577), capped. An assumption (response lengths are
+    right-skewed; the exponential is the widest tail a mean alone allows without a pile-up at the cap), replacing
+    "some response always runs to the cap", which made gen grow linearly with max_response_length at a fixed mean
+    (issue 30: 18 s at a 2,048 cap to 125 s at 16,384). Every response at the cap (mean = max) gives the cap."""
+    if mean_len >= max_len:
+        return max_len
+    n = max(n, 1.0)
+    harmonic = math.log(n) + 0.5772156649 + 1 / (2 * n) if n > 1 else 1.0
+    return min(max_len, mean_len * harmonic)
+
+
+def decode_steps(seqs: float, concurrency: float, mean_len: float, max_len: float, *,
+                 hard_slots: bool = True) -> float:
+    """Decode steps of one replica's requests under continuous batching: the slots stay full while requests wait,
+    then the step lasts until the longest response ends.
+
+    The waiting is fractional (seqs / concurrency - 1 waves of the mean) wherever slots free at different times:
+    responses of different lengths, or a concurrency set by the KV cache, which vLLM fills block by block as
+    sequences grow (a KV-bound concurrency of 127.9 for 128 sequences costs a preemption near the end, not a whole
+    second wave: issue 30). Only max_num_seqs slots (`hard_slots`) filled by responses that all run to the cap free
+    together, in whole waves of max_len."""
+    ratio = seqs / max(concurrency, 1.0)
+    if hard_slots and mean_len >= max_len:
+        return math.ceil(ratio - 1e-9) * max_len
+    return max(ratio - 1.0, 0.0) * mean_len + expected_longest(seqs, mean_len, max_len)
 
 
 def _rollout_s(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate,
@@ -269,7 +290,7 @@ def _rollout_s(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candida
     bw = gpu.hbm_bytes_per_s * k.rollout.decode_hbm_efficiency
     weight_read_s = decode_weight_bytes(model, concurrency) / tp / bw
     allreduce_s = 2 * model.num_layers * k.rollout.tp_allreduce_latency_s if tp > 1 else 0.0
-    steps = decode_steps(seqs, concurrency, resp_mean, resp_max)
+    steps = decode_steps(seqs, concurrency, resp_mean, resp_max, hard_slots=concurrency >= cand.max_num_seqs)
     active = model.active_param_count()
     generated = seqs * resp_mean
     # per step: the larger of reading the weights and the batch's matmuls; per token: reading its KV cache

@@ -1,5 +1,6 @@
 """Issue 16: tensor parallelism's compute, other GPUs, response-length distribution, MoE decode, two memory answers."""
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -178,3 +179,34 @@ def test_the_model_peak_against_the_gpus_on_real_verl_probes():
         assert 0.92 <= memory.peak_gib / nvml_peak_gib <= 1.08, (folder, trial, memory.peak_gib, nvml_peak_gib)
         checked += 1
     assert checked == 3
+
+
+def test_a_kv_bound_concurrency_a_hair_below_the_sequences_costs_a_hair_not_a_wave():
+    """Issue 30: 127.9 concurrent sequences for 128 (KV-bound) cost a whole second wave (gen 233 s against 139 s
+    at 0.05 more gpu_memory_utilization on the v07-qwen3-30b-a3b-32 row). vLLM fills the KV cache block by block,
+    so the extra is a fraction of a wave; hard max_num_seqs slots with every response at the cap stay whole."""
+    assert decode_steps(128, 127.9, 3000, 3584, hard_slots=False) == pytest.approx(
+        (128 / 127.9 - 1) * 3000 + 3584)
+    assert decode_steps(128, 100, 1024, 1024, hard_slots=True) == 2 * 1024
+    near = decode_steps(128, 127.9, 3000, 3584, hard_slots=False)
+    assert near < 1.01 * decode_steps(128, 128, 3000, 3584, hard_slots=False)
+
+
+def test_gen_stops_growing_with_the_cap_at_a_fixed_mean():
+    """Issue 30: at a fixed mean the longest response is the expected longest of the replica's responses (the
+    exponential's mean x harmonic number), not the cap: gen grew linearly with max_response_length."""
+    from autotune.model.cost import expected_longest
+    from autotune.spaces.space import verl_default_candidate
+
+    assert expected_longest(1, 1000, 8192) == 1000
+    assert expected_longest(1280, 1000, 16384) == pytest.approx(1000 * (math.log(1280) + 0.5772156649 + 1 / 2560))
+    assert expected_longest(1280, 1000, 4096) == 4096 and expected_longest(64, 1024, 1024) == 1024
+    model, gpu = get_model("qwen2.5-7b"), get_gpu("H200")
+    gen = {}
+    for cap in (2048, 8192, 16384, 32768):
+        w = Workload(max_response_length=cap, mean_response_length=1000)
+        cand = verl_default_candidate(model, w, gpus_per_node=8, nodes=1)
+        gen[cap] = estimate_step_time(model, gpu, w, cand, ParallelLayout.of(cand, w, gpus_per_node=8, nodes=1)
+                                      ).phase_s["gen"]
+    assert gen[2048] < gen[8192]
+    assert gen[16384] == pytest.approx(gen[8192]) and gen[32768] == pytest.approx(gen[8192])
