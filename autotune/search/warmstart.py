@@ -17,7 +17,7 @@ from autotune.model.calibration import DEFAULT_CONSTANTS, ModelConstants
 from autotune.model.cost import estimate_step_time
 from autotune.model.host_memory import estimate_host_memory
 from autotune.model.memory import estimate_memory
-from autotune.search.equivalence import layout_key, rollout_key
+from autotune.search.equivalence import layout_key, near_twins, rollout_key
 from autotune.search.prescreen import MemoryGate, memory_ratio
 from autotune.spaces.candidate import Candidate
 from autotune.verl.rules import check
@@ -149,7 +149,8 @@ def expert_parallel_start(cfg: TuneConfig, space: SearchSpace, gate: MemoryGate,
 
 def _spread(ranked: list[Ranked], keep: int) -> list[Ranked]:
     """The best `keep`, each with an actor layout and a rollout setting no better one has while such remain
-    (then one of the two new, then any distinct point). Polishing pulls the best samples to nearly one point;
+    (then one of the two new, then any point that is not a near-twin of a pick: search/equivalence.near_twins).
+    Polishing pulls the best samples to nearly one point;
     probes of near-twins teach the phase corrections (search/learned.py) little, one of each part a lot."""
     chosen: list[Ranked] = []
     layouts, rollouts = set(), set()
@@ -158,7 +159,8 @@ def _spread(ranked: list[Ranked], keep: int) -> list[Ranked]:
         for r, (layout, rollout) in zip(ranked, parts):
             if len(chosen) >= keep:
                 return chosen
-            if any(r.candidate == c.candidate for c in chosen):
+            params = r.candidate.as_params()
+            if any(near_twins(params, c.candidate.as_params()) for c in chosen):
                 continue
             if (layout not in layouts) + (rollout not in rollouts) >= need:
                 chosen.append(r)

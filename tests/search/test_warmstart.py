@@ -89,3 +89,22 @@ def test_the_moe_quick_study_probes_ep8_among_its_first_trials(tmp_path):
     study = optuna.load_study(study_name="qwen3-30b-a3b-1x8-sim", storage=f"sqlite:///{out / 'autotune.db'}")
     eps = {t.user_attrs["candidate"]["actor_ep"] for t in study.trials if t.user_attrs.get("candidate")}
     assert 8 in eps
+
+
+def test_the_warm_start_never_spends_a_pick_on_a_near_twin():
+    """Issue 34: with 7B seed 2 the third pick differed from the second in gpu_memory_utilization and
+    max_num_batched_tokens only; such a point is skipped for the next distinct one."""
+    a = Candidate(actor_engine="fsdp", rollout_tp=1, max_num_seqs=1024)
+    b = a.with_(actor_engine="fsdp2")
+    b_twin = b.with_(gpu_memory_utilization=0.55, max_num_batched_tokens=16384)
+    other = a.with_(ppo_micro_batch_size_per_gpu=8)
+    w = Workload()
+    ranked = [Ranked(100, a, w), Ranked(99, b, w), Ranked(98.5, b_twin, w), Ranked(90, other, w)]
+    assert [r.candidate for r in _spread(ranked, 3)] == [a, b, other]
+    cfg = _cfg()
+    from dataclasses import replace
+    cfg = replace(cfg, seed=2)
+    space = SearchSpace.build(cfg.model, cfg.workload, gpus_per_node=8, nodes=1)
+    from autotune.search.equivalence import near_twins
+    picks = [r.candidate.as_params() for r in rank_space(cfg, space, MemoryGate(), keep=3, seed=2)]
+    assert len(picks) == 3 and not any(near_twins(p, q) for i, p in enumerate(picks) for q in picks[:i])
