@@ -223,7 +223,7 @@ def test_gpu_hour_budget_counts_probe_time_times_gpus(tmp_path):
 
 
 def test_multi_objective_picks_the_fastest_with_enough_headroom(tmp_path):
-    from autotune.storage.records import best_records, feasible_measured, pareto_front
+    from autotune.storage.records import TIE_FRACTION, best_records, feasible_measured, pareto_front
 
     cfg = _cfg(tmp_path, trials=14, search=SearchOptions(objective="throughput_and_memory", memory_margin_gib=40))
     study = run_study(cfg, get_runner("sim"))
@@ -241,7 +241,8 @@ def test_multi_objective_picks_the_fastest_with_enough_headroom(tmp_path):
     assert {r.number for r in front} == {r.number for r in results if not dominated(r)}
     best = best_records(study, k=1)[0]
     assert best.peak_mem_gib <= get_gpu("H200").mem_gib - 40
-    assert all(r.tokens_per_s_per_gpu <= best.tokens_per_s_per_gpu for r in front
+    # the fastest with the headroom, or one tied with it within 1% and lighter (records.tie_break)
+    assert all(r.tokens_per_s_per_gpu * (1 - TIE_FRACTION) <= best.tokens_per_s_per_gpu for r in front
                if r.peak_mem_gib <= get_gpu("H200").mem_gib - 40)
 
 

@@ -15,10 +15,25 @@ import sys
 
 RAY_PORT = 6379  # `ray start --head`'s default GCS port
 
-# asks the running cluster (never starts one: address="auto" fails when none is up) for its GPUs and nodes
-_PROBE = ("import json, ray; ray.init(address='auto', logging_level='ERROR', log_to_driver=False); "
-          "print(json.dumps({'gpus': ray.cluster_resources().get('GPU', 0), "
-          "'nodes': sum(1 for n in ray.nodes() if n.get('Alive'))}))")
+# Finds the cluster verl's ray.init() (no address) would join, as Ray resolves it, and asks it for its GPUs and nodes;
+# never starts one. Ray reads RAY_ADDRESS, else the address `ray start` left in <temp>/ray/ray_current_cluster,
+# <temp> being RAY_TMPDIR, else TMPDIR on Linux, else /tmp (ray/_private/services.py get_ray_address_from_environment,
+# ray/_common/utils.py get_default_system_temp_dir). address="auto" would also scan the process table for any GCS,
+# which finds clusters verl would not join (a test's, another user's).
+_PROBE = """
+import json, os, sys
+address = os.environ.get("RAY_ADDRESS") or ""
+if not address or address == "auto":
+    temp = os.environ.get("RAY_TMPDIR") or (os.environ.get("TMPDIR") if sys.platform.startswith("linux") else None)
+    path = os.path.join(temp or "/tmp", "ray", "ray_current_cluster")
+    address = open(path).read().strip() if os.path.exists(path) else ""
+if not address:
+    sys.exit(3)
+import ray
+ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+print(json.dumps({"gpus": ray.cluster_resources().get("GPU", 0),
+                  "nodes": sum(1 for n in ray.nodes() if n.get("Alive"))}))
+"""
 
 
 def ray_start_lines(nodes: int) -> list[str]:
@@ -39,10 +54,13 @@ def cluster_shortfall(nodes: int, gpus_per_node: int, *, python: str = sys.execu
         proc = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return f"the Ray cluster did not answer in {timeout_s:.0f} s (ray status tells why)"
+    if proc.returncode == 3:
+        return f"trainer.nnodes is {nodes}, which needs a running Ray cluster, and none was found; {start}"
     if proc.returncode != 0:
         if "No module named 'ray'" in proc.stderr:
             return "Ray is not installed here (verl installs it: pip install verl)"
-        return f"trainer.nnodes is {nodes}, which needs a running Ray cluster, and none was found; {start}"
+        last = (proc.stderr.strip().splitlines() or ["no message"])[-1][:200]
+        return f"trainer.nnodes is {nodes}, and the Ray cluster this machine would join did not answer ({last}); {start}"
     try:
         found = json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):

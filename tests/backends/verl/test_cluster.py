@@ -65,16 +65,30 @@ def test_a_bad_node_count_is_one_line(two_node_export):
 @pytest.fixture(scope="module")
 def ray_two_nodes():
     ray = pytest.importorskip("ray")
+    import shutil
+    import tempfile
+
     from ray.cluster_utils import Cluster
 
+    # a temp dir of its own (short: Ray's socket paths have a length limit): a cluster started here writes its
+    # address where a plain ray.init() in another test process (tests/search/test_ray_executor.py, run beside
+    # this file under xdist) would otherwise find and join it
+    temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")
+    before = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = temp
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 8})
-    cluster.add_node(num_cpus=1, num_gpus=8)
-    cluster.wait_for_nodes()
     try:
+        cluster.add_node(num_cpus=1, num_gpus=8)
+        cluster.wait_for_nodes()
         yield cluster.address
     finally:
         ray.shutdown()
         cluster.shutdown()
+        if before is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = before
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_the_cluster_is_read_for_its_nodes_and_gpus(ray_two_nodes, monkeypatch):
