@@ -317,7 +317,7 @@ def load_user_job(path: Path, overrides: list[str], model_name: str | None, *, e
 def cmd_estimate(args) -> int:
     import json
 
-    from autotune.estimate import estimate, render
+    from autotune.estimate import estimate, node_profile_for, render
     from autotune.hardware import detect_gpus
 
     if args.from_job is None:
@@ -339,7 +339,8 @@ def cmd_estimate(args) -> int:
         workload = replace(workload, mean_response_length=min(args.mean_response_length, workload.max_response_length))
     if not args.json:
         print(first_line(job.model, gpu, gpu_how, gpus, nodes, workload, f"from {args.from_job}"))
-    result = estimate(job.model, gpu, workload, job.baseline, gpus_per_node=gpus, nodes=nodes)
+    result = estimate(job.model, gpu, workload, job.baseline, gpus_per_node=gpus, nodes=nodes,
+                      profile=node_profile_for(gpu, job.passthrough))
     if args.json:
         print(json.dumps({**result.as_dict(), "source": str(args.from_job), "model_path": job.model.model_path,
                           "shapes_from": job.model.shapes_from, "unresolved": list(job.unresolved),
@@ -355,7 +356,7 @@ def _estimate_flags(args) -> int:
     import json
 
     from autotune.config import load_tune_yaml
-    from autotune.estimate import estimate, render
+    from autotune.estimate import estimate, node_profile_for, render
     from autotune.hardware import detect_gpus
     from autotune.model_config import resolve_model
     from autotune.spaces.space import verl_default_candidate
@@ -377,13 +378,15 @@ def _estimate_flags(args) -> int:
     cand = verl_default_candidate(model, workload, gpus_per_node=args.gpus, nodes=nodes)
     source = f"{model.model_path} with verl's default configuration"
     if args.json:
-        print(json.dumps({**estimate(model, gpu, workload, cand, gpus_per_node=args.gpus, nodes=nodes).as_dict(),
+        print(json.dumps({**estimate(model, gpu, workload, cand, gpus_per_node=args.gpus, nodes=nodes,
+                                     profile=node_profile_for(gpu, {})).as_dict(),
                           "source": source, "model_path": model.model_path, "shapes_from": model.shapes_from},
                          indent=2, default=str))
         return 0
     print(first_line(model, gpu, gpu_how, args.gpus, nodes, workload,
                      f"from {args.config}" if args.config else "autotune's default"))
-    print(render(estimate(model, gpu, workload, cand, gpus_per_node=args.gpus, nodes=nodes), source, ()))
+    print(render(estimate(model, gpu, workload, cand, gpus_per_node=args.gpus, nodes=nodes,
+                          profile=node_profile_for(gpu, {})), source, ()))
     return 0
 
 

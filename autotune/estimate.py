@@ -4,6 +4,7 @@ micro-batch, token budget or vLLM share is. All predictions are the calibrated m
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from autotune.hardware import GpuSpec
@@ -50,6 +51,7 @@ class Estimate:
     typical_fits: bool | None = None
     mfu_actor_model_flops: float = 0.0  # the FLOPs the update really computes (LoRA: 4N, not verl's 6N)
     simulated: bool = True
+    node_profile: dict | None = None  # the profile the times are corrected by (node_profile_for), or why none
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -63,8 +65,25 @@ def _applies(knob: str, cand: Candidate) -> bool:
     return True
 
 
+def node_profile_for(gpu: GpuSpec, passthrough: dict) -> dict:
+    """The profile of this node's kind for a verl job on `gpu` (storage/node_profile.py), or why there is none."""
+    from autotune.storage.node_profile import detect_kind, load_profile
+
+    kind = detect_kind("verl", passthrough)
+    if kind is None:
+        return {"none": "no NVIDIA GPU detected here"}
+    if kind.gpu != gpu.name:
+        return {"none": f"this node is {kind.gpu}, the estimate is for {gpu.name}"}
+    profile = load_profile(kind)
+    summary = profile.summary() if profile is not None else None
+    if not summary or not summary["phases"]:
+        return {"none": f"no study has measured this kind of node yet ({kind.describe()})"}
+    return summary
+
+
 def estimate(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate, *, gpus_per_node: int,
-             nodes: int) -> Estimate:
+             nodes: int, profile: dict | None = None) -> Estimate:
+    """`profile`: a node profile's summary; its per-phase measured/predicted factors correct the times."""
     layout = ParallelLayout.of(cand, workload, gpus_per_node=gpus_per_node, nodes=nodes)
     violations = [{"rule": v.rule, "message": v.message, "enforced_by": v.enforced_by, "source": v.source}
                   for v in check(model, workload, cand, layout)]
@@ -92,16 +111,25 @@ def estimate(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate
     typical = None
     if workload.mean_response_length is not None:
         typical = estimate_memory(model, gpu, workload, cand, layout, typical=True)
+    phase_s, step_s, tps, mfu = dict(step.phase_s), step.step_s, step.tokens_per_s_per_gpu, step.mfu_actor
+    mfu_model = step.mfu_actor_model_flops
+    factors = {p: math.exp(v["log_mean"]) for p, v in ((profile or {}).get("phases") or {}).items()}
+    if factors and not (profile or {}).get("none"):
+        phase_s = {p: seconds * factors.get(p, 1.0) for p, seconds in step.phase_s.items()}
+        step_s = step.step_s + sum(phase_s.values()) - sum(step.phase_s.values())
+        tps = step.tokens_per_s_per_gpu * step.step_s / step_s
+        slower = factors.get("update_actor", 1.0)
+        mfu, mfu_model = mfu / slower, mfu_model / slower
     return Estimate(model=model.name, gpu=gpu.name, gpus_per_node=gpus_per_node, nodes=nodes, violations=violations,
                     capacity_gib=mem.capacity_gib, phase_peak_gib=mem.phase_peak_gib, components_gib=mem.components_gib,
                     kv_cache_gib=mem.kv_cache_gib, kv_cache_needed_gib=mem.kv_cache_needed_gib, fits=mem.fits,
-                    phase_s=step.phase_s, step_s=step.step_s, tokens_per_s_per_gpu=step.tokens_per_s_per_gpu,
-                    mfu_actor=step.mfu_actor, largest_fitting=largest, host_node_gib=host.node_gib,
+                    phase_s=phase_s, step_s=step_s, tokens_per_s_per_gpu=tps,
+                    mfu_actor=mfu, largest_fitting=largest, host_node_gib=host.node_gib,
                     host_per_gpu_gib=host.per_gpu_gib, response_max=workload.max_response_length,
                     response_mean=workload.mean_response_length,
                     typical_phase_peak_gib=typical.phase_peak_gib if typical else None,
                     typical_fits=typical.fits if typical else None,
-                    mfu_actor_model_flops=step.mfu_actor_model_flops)
+                    mfu_actor_model_flops=mfu_model, node_profile=profile)
 
 
 def memory_verdict(e: Estimate) -> str:
@@ -123,6 +151,11 @@ def memory_verdict(e: Estimate) -> str:
 def render(e: Estimate, source: str, unresolved: tuple[str, ...], notes: tuple[str, ...] = ()) -> str:
     lines = [f"{source}: {e.model} on {e.nodes} x {e.gpus_per_node} {e.gpu} ({e.capacity_gib:.1f} GiB each); "
              "all figures SIMULATED by the calibrated model"]
+    if e.node_profile is not None:
+        from autotune.storage.node_profile import describe_summary
+
+        lines.append(f"  {describe_summary(e.node_profile)}"
+                     + ("" if e.node_profile.get("none") else "; the times below are corrected by it"))
     for name in unresolved:
         lines.append(f"  not read statically: {name}")
     lines += [f"  {note}" for note in notes]

@@ -11,6 +11,7 @@ from autotune.verl.stages import describe_stages
 from autotune.storage.changes import changes_doc, describe_changes
 from autotune.storage.results import trial_doc
 from autotune.storage.tuning_cost import launch_of
+from autotune.storage.node_profile import PROFILE_ATTR, describe_summary
 from autotune.storage.records import (TrialRecord, baseline_label, baseline_record, best_records, records,
                                       verl_default_record)
 
@@ -118,6 +119,8 @@ def print_trials(study: optuna.Study) -> None:
                       "" if r.mfu is None else f"{r.mfu:.3f}",
                       "" if r.peak_mem_gib is None else f"{r.peak_mem_gib:.1f}", detail)
     _console.print(table)
+    # the node profile the study's model started from (storage/node_profile.py), or why it had none
+    _console.print(describe_summary(study.user_attrs.get(PROFILE_ATTR)), markup=False, soft_wrap=True)
     timed = [r for r in recs if r.user_attrs.get("stage_s")]
     if timed:  # where each launch's time went (autotune/verl/stages.py; the sim's are its own prior, labelled)
         _console.print("where each probe's time went, seconds from its launch:", markup=False)

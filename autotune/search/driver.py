@@ -30,6 +30,7 @@ from autotune.search.sampler import make_pruner, make_sampler
 from autotune.search import groups, learned
 from autotune.search.equivalence import config_key
 from autotune.search.executor import Executor, Finished, InProcess, Launch, Report
+from autotune.search.node_prior import phase_factors, record_profile, start_profile
 from autotune.search.warmstart import expert_parallel_start, rank_space
 from autotune.spaces.candidate import Candidate
 from autotune.verl.roles import separate_reference
@@ -37,6 +38,7 @@ from autotune.verl.rules import Violation, check
 from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import SearchSpace, verl_default_candidate
 from autotune.storage.records import set_constraints
+from autotune.storage.node_profile import PROFILE_ATTR
 from autotune.storage.settings import ATTR as SETTINGS_ATTR, search_settings
 from autotune.storage.urls import hold_single_writer, open_storage
 from autotune.workload import Workload
@@ -234,9 +236,10 @@ def enqueue_warm_start(study: optuna.Study, cfg: TuneConfig, space: SearchSpace)
     if not cfg.search.warm_start or study.user_attrs.get("warm_started"):
         return 0
     gate = MemoryGate.of(study)
-    ranked = rank_space(cfg, space, gate, keep=cfg.search.warm_start, seed=cfg.seed)
+    factors = phase_factors(study.user_attrs.get(PROFILE_ATTR))  # the node's profile, when one matched
+    ranked = rank_space(cfg, space, gate, keep=cfg.search.warm_start, seed=cfg.seed, factors=factors)
     labels = [None] * len(ranked)
-    widest = expert_parallel_start(cfg, space, gate, seed=cfg.seed)
+    widest = expert_parallel_start(cfg, space, gate, seed=cfg.seed, factors=factors)
     if widest is not None and all(r.candidate.actor_ep < widest.candidate.actor_ep for r in ranked):
         ranked.append(widest)
         labels.append(f"EP {widest.candidate.actor_ep}, as verl's MoE recipes")
@@ -294,6 +297,7 @@ def start_study(cfg: TuneConfig) -> tuple[SearchSpace, optuna.Study]:
     hold_single_writer(cfg.storage_url)
     study = open_study(cfg)
     fail_dead_local_trials(study)
+    start_profile(study, cfg)  # before the warm start, which ranks with it
     enqueue_baseline(study, cfg, space)
     enqueue_warm_start(study, cfg, space)
     return space, study
@@ -315,6 +319,7 @@ def run_study(cfg: TuneConfig, runner: ProbeRunner, *, executor: Executor | None
     ctx = StudyContext(cfg=cfg, space=space, runner=runner, on_step=on_step)
     with interrupt.deferred():  # a signal stops the loop at its next check, never inside a library (interrupt.py)
         _run_trials(ctx, study, executor, on_trial)
+    record_profile(study, cfg)  # what this study measured, for the next study on this kind of node
     return study
 
 

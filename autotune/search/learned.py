@@ -54,6 +54,7 @@ from autotune.verl.roles import separate_reference
 from autotune.verl.rules import check
 from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import SearchSpace
+from autotune.storage.node_profile import PROFILE_ATTR
 from autotune.storage.records import best_records, is_result
 from autotune.workload import Workload
 
@@ -96,6 +97,9 @@ PHASE_LEVELS: dict[str, tuple] = {
     "update_weights": (((), _ALL), (("rollout_tp",), 0.15), (("rollout_tp", "param_offload") + LAYOUT, 0.1)),
 }
 _DEFAULT_LEVELS = (((), _ALL), (LAYOUT, 0.15), (ROLLOUT, 0.15))
+# the narrowest whole-phase prior a node profile gives: a new job on a known node still differs by up to ~1.25x per
+# phase (log 1.25 = 0.22), which the profile's spread over one job's configurations does not show
+PROFILE_MIN_SCALE = 0.2
 NOISE_REL = 0.05  # run-to-run spread of a phase's median time (the sim plays 3% per step)
 # two improve picks per exploit or refine pick; one slot in twelve is left to TPE (the first after the warm start
 # and 11 proposals), so a truth the kernel cannot express still gets other probes without spending the early ones
@@ -189,20 +193,41 @@ def base_prediction(cfg: TuneConfig, cand: Candidate, workload: Workload) -> Bas
 class CorrectedModel:
     """The cost model times each phase's learned residual, with its uncertainty."""
 
-    def __init__(self, cfg: TuneConfig, observations: list[tuple[dict, dict, dict, float | None]]) -> None:
-        """observations: (canonical params, predicted phase_s, measured phase_s, measured other seconds)."""
+    def __init__(self, cfg: TuneConfig, observations: list[tuple[dict, dict, dict, float | None]],
+                 profile: Mapping | None = None) -> None:
+        """observations: (canonical params, predicted phase_s, measured phase_s, measured other seconds);
+        profile: the node profile the study started from (search/node_prior.py), whose per-phase median residual
+        is each phase's prior mean, with a whole-phase prior as wide as the node's spread (at least
+        PROFILE_MIN_SCALE) instead of _ALL."""
         self.cfg = cfg
         self.n = len(observations)
         self.gps: dict[str, PhaseGP] = {}
+        self.prior: dict[str, tuple[float, float]] = {}  # phase -> (prior mean, whole-phase prior scale)
+        for phase, v in ((profile or {}).get("phases") or {}).items():
+            self.prior[phase] = (float(v["log_mean"]), max(float(v["log_sd"]), PROFILE_MIN_SCALE))
         phases = {p for _, pred, meas, _ in observations for p in meas if pred.get(p, 0) > 0}
         for phase in sorted(phases):
-            rows = [(params, math.log(meas[phase] / pred[phase])) for params, pred, meas, _ in observations
+            mean0, scale0 = self.prior.get(phase, (0.0, _ALL))
+            rows = [(params, math.log(meas[phase] / pred[phase]) - mean0) for params, pred, meas, _ in observations
                     if pred.get(phase, 0) > 0 and meas.get(phase, 0) > 0]
-            self.gps[phase] = PhaseGP(PHASE_LEVELS.get(phase, _DEFAULT_LEVELS), [r[0] for r in rows],
-                                      np.array([r[1] for r in rows]))
+            levels = PHASE_LEVELS.get(phase, _DEFAULT_LEVELS)
+            levels = ((levels[0][0], scale0),) + tuple(levels[1:])
+            self.gps[phase] = PhaseGP(levels, [r[0] for r in rows], np.array([r[1] for r in rows]))
         others = [o for *_, o in observations if o is not None and o >= 0]
-        # what the step spends outside the timed phases; the model's constant until a probe measures it
-        self.other_s = statistics.median(others) if others else DEFAULT_CONSTANTS.system.step_fixed_s
+        # what the step spends outside the timed phases: measured by this study's probes, else by the node's
+        # profile, else the model's constant
+        profile_other = (profile or {}).get("other_s")
+        self.other_s = (statistics.median(others) if others else profile_other if profile_other is not None
+                        else DEFAULT_CONSTANTS.system.step_fixed_s)
+
+    def phase_residual(self, phase: str, params: Mapping) -> tuple[float, float]:
+        """(mean, variance) of log(measured / predicted) of one phase for this candidate."""
+        mean0, scale0 = self.prior.get(phase, (0.0, _ALL))
+        gp = self.gps.get(phase)
+        if gp is None:
+            return mean0, scale0 * scale0
+        m, v = gp.predict(params)
+        return m + mean0, v
 
     @classmethod
     def from_study(cls, study: optuna.Study, cfg: TuneConfig) -> "CorrectedModel":
@@ -220,7 +245,8 @@ class CorrectedModel:
             step_s = t.user_attrs.get("step_s")
             other = step_s - sum(measured.values()) if step_s else None
             obs.append((canonical_params(cand.as_params(), separate_reference(cfg.workload)), base.phase_s, measured, other))
-        return cls(cfg, obs)
+        profile = study.user_attrs.get(PROFILE_ATTR)
+        return cls(cfg, obs, profile if profile and not profile.get("none") else None)
 
     def log_time(self, params: Mapping, base: Base, phases: frozenset | None = None,
                  other: bool = True) -> tuple[float, float]:
@@ -231,8 +257,7 @@ class CorrectedModel:
         for phase, seconds in base.phase_s.items():
             if phases is not None and phase not in phases:
                 continue
-            gp = self.gps.get(phase)
-            m, v = gp.predict(params) if gp is not None else (0.0, _ALL ** 2)
+            m, v = self.phase_residual(phase, params)
             mean_s += seconds * math.exp(m + v / 2)
             var_s += seconds * seconds * math.exp(2 * m + v) * math.expm1(v)
         if mean_s <= 0:
@@ -244,8 +269,7 @@ class CorrectedModel:
         """Median step seconds under the corrected model: each phase at its posterior median."""
         median = self.other_s
         for phase, seconds in base.phase_s.items():
-            gp = self.gps.get(phase)
-            median += seconds * math.exp(gp.predict(params)[0] if gp is not None else 0.0)
+            median += seconds * math.exp(self.phase_residual(phase, params)[0])
         return median
 
 

@@ -56,8 +56,9 @@ def _draw(space: SearchSpace, name: str, rng: random.Random):
 
 
 def predicted(cfg: TuneConfig, cand: Candidate, workload: Workload, gate: MemoryGate,
-              constants: ModelConstants = DEFAULT_CONSTANTS) -> float | None:
-    """Predicted tokens/s/GPU, or None when verl's rules or the memory gate would reject it."""
+              constants: ModelConstants = DEFAULT_CONSTANTS, factors: Mapping[str, float] | None = None) -> float | None:
+    """Predicted tokens/s/GPU, or None when verl's rules or the memory gate would reject it. `factors`: measured
+    over predicted seconds per phase on this kind of node (its profile, search/node_prior.py)."""
     layout = ParallelLayout.of(cand, workload, gpus_per_node=cfg.gpus_per_node, nodes=cfg.nodes)
     if check(cfg.model, workload, cand, layout):
         return None
@@ -67,7 +68,11 @@ def predicted(cfg: TuneConfig, cand: Candidate, workload: Workload, gate: Memory
     if not estimate_host_memory(cfg.model, workload, cand, layout, gpus_per_node=cfg.gpus_per_node,
                                 capacity_gib=cfg.host_mem_gib, constants=constants).fits:
         return None
-    return estimate_step_time(cfg.model, cfg.gpu, workload, cand, layout, constants=constants).tokens_per_s_per_gpu
+    step = estimate_step_time(cfg.model, cfg.gpu, workload, cand, layout, constants=constants)
+    if not factors:
+        return step.tokens_per_s_per_gpu
+    step_s = step.step_s + sum(s * (factors.get(p, 1.0) - 1.0) for p, s in step.phase_s.items())
+    return step.tokens_per_step / step_s / layout.world_size
 
 
 def neighbours(space: SearchSpace, cand: Candidate, workload: Workload):
@@ -81,13 +86,14 @@ def neighbours(space: SearchSpace, cand: Candidate, workload: Workload):
                 yield cand.with_(**{name: value})
 
 
-def polish(cfg: TuneConfig, space: SearchSpace, start: Ranked, gate: MemoryGate, rounds: int = 3) -> Ranked:
+def polish(cfg: TuneConfig, space: SearchSpace, start: Ranked, gate: MemoryGate, rounds: int = 3,
+           factors: Mapping[str, float] | None = None) -> Ranked:
     """Coordinate descent from `start` over every applicable knob, on the model's prediction."""
     best = start
     for _ in range(rounds):
         improved = False
         for cand in neighbours(space, best.candidate, best.workload):
-            score = predicted(cfg, cand, best.workload, gate)
+            score = predicted(cfg, cand, best.workload, gate, factors=factors)
             if score is not None and score > best.predicted_tokens_per_s_per_gpu * 1.0001:
                 best, improved = Ranked(score, cand, best.workload), True
         if not improved:
@@ -96,7 +102,8 @@ def polish(cfg: TuneConfig, space: SearchSpace, start: Ranked, gate: MemoryGate,
 
 
 def rank_space(cfg: TuneConfig, space: SearchSpace, gate: MemoryGate, *, samples: int = 3000, keep: int = 3,
-               seed: int | None = None, starts: list[Ranked] = ()) -> list[Ranked]:
+               seed: int | None = None, starts: list[Ranked] = (),
+               factors: Mapping[str, float] | None = None) -> list[Ranked]:
     """The model's `keep` best distinct candidates (different layouts or batching modes first).
 
     `starts` (e.g. the best measured configurations) are polished along with the best samples."""
@@ -104,7 +111,7 @@ def rank_space(cfg: TuneConfig, space: SearchSpace, gate: MemoryGate, *, samples
     scored: list[Ranked] = list(starts)
     for _ in range(samples):
         cand, workload = sample_point(space, cfg.workload, rng)
-        score = predicted(cfg, cand, workload, gate)
+        score = predicted(cfg, cand, workload, gate, factors=factors)
         if score is not None:
             scored.append(Ranked(score, cand, workload))
     scored.sort(key=lambda r: r.predicted_tokens_per_s_per_gpu, reverse=True)
@@ -117,13 +124,13 @@ def rank_space(cfg: TuneConfig, space: SearchSpace, gate: MemoryGate, *, samples
         if shape in seen:
             continue
         seen.add(shape)
-        picked.append(polish(cfg, space, r, gate))
+        picked.append(polish(cfg, space, r, gate, factors=factors))
     picked.sort(key=lambda r: r.predicted_tokens_per_s_per_gpu, reverse=True)
     return _spread(picked, keep)
 
 
 def expert_parallel_start(cfg: TuneConfig, space: SearchSpace, gate: MemoryGate, *, samples: int = 1500,
-                          seed: int | None = None) -> Ranked | None:
+                          seed: int | None = None, factors: Mapping[str, float] | None = None) -> Ranked | None:
     """For an MoE model: the model's best Megatron point with experts spread over the most GPUs the space allows
     (the largest EP verl's rules and memory admit), whatever the model ranks it.
 
@@ -141,7 +148,7 @@ def expert_parallel_start(cfg: TuneConfig, space: SearchSpace, gate: MemoryGate,
         return None
     for size in sorted((e for e in ep.values() if e > 1), reverse=True):
         pinned = replace(space, fixed={**space.fixed, "actor_engine": "megatron", "actor_ep": size})
-        ranked = rank_space(cfg, pinned, gate, samples=samples, keep=1, seed=seed)
+        ranked = rank_space(cfg, pinned, gate, samples=samples, keep=1, seed=seed, factors=factors)
         if ranked:
             return ranked[0]
     return None

@@ -1,0 +1,101 @@
+"""A study starts from what earlier studies learned on the same kind of node, and leaves what it learned
+(storage/node_profile.py holds the files; issue 29 item 4).
+
+At the start the study stores the profile it starts from (PROFILE_ATTR: per phase the median log of measured
+over predicted seconds and its spread, or why there is none), so its model is the same on resume whatever the
+file holds by then. The corrected model (search/learned.py) starts each phase's residual at the profile's median
+instead of at 0 with a prior as wide as the node's spread, and the warm start ranks with the profile's phase
+factors. At the end the study's own measured probes go into the profile for the next study.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.config import TuneConfig
+from autotune.search.learned import base_prediction
+from autotune.spaces.candidate import Candidate
+from autotune.storage.node_profile import PROFILE_ATTR, NodeKind, detect_kind, load_profile, record_study
+from autotune.storage.results import workload_of
+from autotune.storage.urls import redact
+
+
+def start_profile(study: optuna.Study, cfg: TuneConfig) -> dict:
+    """The profile this study starts from, stored once (a resumed study keeps the one it started with)."""
+    stored = study.user_attrs.get(PROFILE_ATTR)
+    if stored is not None:
+        return stored
+    kind = detect_kind(cfg.backend, cfg.passthrough)
+    if kind is None:
+        summary = {"none": "the sim measures nothing" if cfg.backend == "sim" else "no NVIDIA GPU detected here"}
+    else:
+        profile = load_profile(kind)
+        prior = profile.summary() if profile is not None else None
+        if prior and prior["phases"]:
+            summary = prior
+        else:
+            summary = {"none": f"the first study on this kind of node ({kind.describe()})", "id": kind.id,
+                       "kind": prior["kind"] if prior else _kind_doc(kind)}
+    study.set_user_attr(PROFILE_ATTR, summary)
+    return summary
+
+
+def _kind_doc(kind: NodeKind) -> dict:
+    from dataclasses import asdict
+    return asdict(kind)
+
+
+def phase_factors(summary: dict | None) -> dict[str, float]:
+    """measured/predicted per phase by the profile a study started from ({} without one)."""
+    if not summary or summary.get("none"):
+        return {}
+    return {phase: math.exp(v["log_mean"]) for phase, v in summary.get("phases", {}).items()}
+
+
+def study_rows(study: optuna.Study, cfg: TuneConfig) -> tuple[dict[str, list[float]], list[float], int]:
+    """(per phase the log of measured over predicted seconds, the step's seconds outside its phases, probes) of
+    this study's measured probes; simulated ones and copies of another trial's measurement are left out."""
+    phases: dict[str, list[float]] = {}
+    others: list[float] = []
+    probes = 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        attrs = t.user_attrs
+        if attrs.get("state") != "measured" or attrs.get("simulated") or attrs.get("duplicate_of") is not None:
+            continue
+        measured = attrs.get("phase_s") or {}
+        if "candidate" not in attrs or not measured:
+            continue
+        base = base_prediction(cfg, Candidate.from_params(attrs["candidate"]),
+                               workload_of(study.user_attrs["identity"], attrs))
+        probes += 1
+        for phase, predicted_s in base.phase_s.items():
+            seconds = measured.get(phase)
+            if predicted_s > 0 and seconds and seconds > 0:
+                phases.setdefault(phase, []).append(math.log(seconds / predicted_s))
+        step_s = attrs.get("step_s")
+        timed = sum(v for k, v in measured.items() if k in base.phase_s)
+        if step_s and step_s >= timed:
+            others.append(step_s - timed)
+    return phases, others, probes
+
+
+def study_id(study: optuna.Study, storage_url: str) -> str:
+    """A study's name in a profile: its name and where it is stored (two out folders may hold equal names)."""
+    return f"{study.study_name}@{hashlib.sha256(redact(storage_url).encode()).hexdigest()[:8]}"
+
+
+def record_profile(study: optuna.Study, cfg: TuneConfig) -> str | None:
+    """Leave this study's measured probes in its node kind's profile; a line saying so, or None."""
+    summary = study.user_attrs.get(PROFILE_ATTR) or {}
+    if "kind" not in summary:
+        return None
+    kind = NodeKind(**summary["kind"])
+    phases, others, probes = study_rows(study, cfg)
+    if not probes:
+        return None
+    path = record_study(kind, study_id(study, cfg.storage_url), phases, others, probes)
+    return f"node profile {kind.id}: {probes} measured probe(s) recorded in {path}" if path else None

@@ -1,0 +1,171 @@
+"""What studies learned about a kind of node, kept for the next study on the same kind (issue 29 item 4).
+
+A node profile holds, per GRPO phase, the log of measured over predicted seconds of every measured probe of every
+study run on one kind of node, and the step's seconds outside the timed phases. The kind is the key: GPU type,
+NVIDIA driver, torch, vLLM and verl versions, the attention implementation and the probe backend; any difference
+(a verl upgrade, flash-attention instead of SDPA) is another kind, so nothing is reused across it. Simulated
+probes never enter a profile.
+
+The profiles are small JSON files, one per kind, in `$AUTOTUNE_PROFILE_DIR` or `~/.cache/autotune/node-profiles/`,
+for the user to read and delete. Each file keeps every study's own rows under the study's name, so a resumed study
+replaces its rows instead of counting them twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import statistics
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+PROFILE_ATTR = "node_profile"  # the study attribute: the profile a study started from (or why none)
+PROFILE_DIR_ENV = "AUTOTUNE_PROFILE_DIR"
+MIN_PROFILE_PROBES = 2  # one probe's residual is as much its configuration's as the node's
+
+
+@dataclass(frozen=True)
+class NodeKind:
+    """What decides how verl's phases run on a node, apart from the job."""
+
+    gpu: str
+    driver: str
+    torch: str
+    vllm: str
+    verl: str
+    attention: str
+    backend: str
+
+    @property
+    def id(self) -> str:
+        text = json.dumps(asdict(self), sort_keys=True)
+        return f"{self.gpu}-{self.backend}-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
+
+    def describe(self) -> str:
+        return (f"{self.gpu}, driver {self.driver}, torch {self.torch}, vLLM {self.vllm}, verl {self.verl}, "
+                f"{self.attention} attention, {self.backend} probes")
+
+
+def package_version(name: str) -> str:
+    """The installed distribution's version ("none" when absent), without importing it."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+def attention_of(passthrough: dict) -> str:
+    """The attention implementation the job's model runs: the job's own `model.override_config.attn_implementation`,
+    else flash-attention where the package is installed (verl's and transformers' preference), else SDPA."""
+    from importlib.util import find_spec
+
+    chosen = passthrough.get("actor_rollout_ref.model.override_config.attn_implementation")
+    if chosen:
+        return str(chosen)
+    return "flash_attention_2" if find_spec("flash_attn") is not None else "sdpa"
+
+
+def detect_kind(backend: str, passthrough: dict, detected=None) -> NodeKind | None:
+    """This node's kind for a study of `backend` (`detected`: hardware.detect_gpus() when already read); None for
+    the sim (it measures nothing) or without an NVIDIA GPU."""
+    if backend == "sim":
+        return None
+    from autotune.hardware import detect_gpus, match_device_name
+
+    detected = detected or detect_gpus()
+    if detected is None:
+        return None
+    spec = match_device_name(detected.device_name)
+    return NodeKind(gpu=spec.name if spec else detected.device_name, driver=detected.driver,
+                    torch=package_version("torch"), vllm=package_version("vllm"), verl=package_version("verl"),
+                    attention=attention_of(passthrough), backend=backend)
+
+
+@dataclass
+class NodeProfile:
+    kind: NodeKind
+    # study name -> {"phases": {phase: [log residual, ...]}, "other_s": [seconds, ...], "when": iso date}
+    studies: dict = field(default_factory=dict)
+
+    def rows(self, phase: str) -> list[float]:
+        return [r for s in self.studies.values() for r in s.get("phases", {}).get(phase, [])]
+
+    @property
+    def probes(self) -> int:
+        return sum(s.get("probes", 0) for s in self.studies.values())
+
+    def prior(self) -> dict:
+        """Per phase: the median log residual and the spread of the residuals (what a new study starts from)."""
+        phases = sorted({p for s in self.studies.values() for p in s.get("phases", {})})
+        out = {}
+        for phase in phases:
+            rows = self.rows(phase)
+            if len(rows) >= MIN_PROFILE_PROBES:
+                out[phase] = {"log_mean": statistics.median(rows), "log_sd": statistics.pstdev(rows), "n": len(rows)}
+        others = [o for s in self.studies.values() for o in s.get("other_s", [])]
+        return {"phases": out, "other_s": statistics.median(others) if others else None}
+
+    def summary(self) -> dict:
+        """What a study stores of the profile it started from: reproducible if the file changes later."""
+        prior = self.prior()
+        return {"id": self.kind.id, "kind": asdict(self.kind), "probes": self.probes, "studies": len(self.studies),
+                "phases": prior["phases"], "other_s": prior["other_s"]}
+
+
+def profile_dir() -> Path:
+    if os.environ.get(PROFILE_DIR_ENV):
+        return Path(os.environ[PROFILE_DIR_ENV]).expanduser()
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "autotune" / "node-profiles"
+
+
+def profile_path(kind: NodeKind) -> Path:
+    return profile_dir() / f"{kind.id}.json"
+
+
+def load_profile(kind: NodeKind) -> NodeProfile | None:
+    """The profile of this kind of node, or None (none yet, or a file that is not one: never an error)."""
+    path = profile_path(kind)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        if doc.get("kind") != asdict(kind) or not isinstance(doc.get("studies"), dict):
+            return None
+        return NodeProfile(kind=kind, studies=doc["studies"])
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def record_study(kind: NodeKind, study_name: str, phases: dict[str, list[float]], other_s: list[float],
+                 probes: int) -> Path | None:
+    """Put one study's rows into its kind's profile (replacing what the same study put there before); None when
+    the profile folder cannot be written (the study goes on without it)."""
+    clean = {p: [float(r) for r in rows if math.isfinite(r)] for p, rows in phases.items()}
+    profile = load_profile(kind) or NodeProfile(kind=kind)
+    profile.studies[study_name] = {"phases": clean, "other_s": [float(o) for o in other_s], "probes": probes,
+                                   "when": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    path = profile_path(kind)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"kind": asdict(kind), "studies": profile.studies}, indent=1, sort_keys=True),
+                       encoding="utf-8")
+        tmp.replace(path)  # atomic: a reader never sees half a file
+    except OSError:
+        return None
+    return path
+
+
+def describe_summary(summary: dict | None) -> str:
+    """One line for `show` and `estimate`: the profile a study started from, or why there was none."""
+    if not summary:
+        return "node profile: none (the study predates profiles)"
+    if summary.get("none"):
+        return f"node profile: none ({summary['none']})"
+    phases = ", ".join(f"{p} x{math.exp(v['log_mean']):.2f}" for p, v in sorted(summary["phases"].items()))
+    return (f"node profile {summary['id']}: {summary['probes']} measured probe(s) of {summary['studies']} earlier "
+            f"study(ies) on this kind of node; measured/predicted {phases or 'n/a'}")

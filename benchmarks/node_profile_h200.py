@@ -1,0 +1,83 @@
+"""A node profile learned from one real verl study, checked on another study's probes (no GPU needed).
+
+    PYTHONPATH=. python benchmarks/node_profile_h200.py > benchmarks/results/node_profile_h200.txt
+
+Learns the profile (search/node_prior.study_rows: per phase the log of measured over predicted seconds of each
+measured probe) from the 18 configurations of the 2026-12-05 shared-launch study on one H200
+(benchmarks/results/h200-2026-12-05-verl-shared/autotune.db), then predicts each phase of the three measured probes
+of the 2026-12-03 second study (another day, other configurations; step 2 of benchmarks/results/h200-2026-12-03-
+verl-2/, as benchmarks/sim_vs_verl_h200.py reads them) with and without it. Both studies ran one job (Qwen2.5-1.5B
+shapes, 32 prompts x 4, 256/512 tokens, KL loss) on the same software (verl 0.9.1, vLLM 0.24, torch 2.11, SDPA):
+this checks what carries across studies and configurations; a different job on the profile is the GPU check of
+issue 29, not done here.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import optuna
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from sim_vs_verl_h200 import PHASES, compare  # noqa: E402
+
+from autotune.config import ProbeBudget, TuneConfig  # noqa: E402
+from autotune.hardware import get_gpu  # noqa: E402
+from autotune.models import model_from_identity  # noqa: E402
+from autotune.search.node_prior import study_rows  # noqa: E402
+from autotune.storage.results import workload_of  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+SOURCE_DB = RESULTS / "h200-2026-12-05-verl-shared" / "autotune.db"
+HELD_OUT = [("h200-2026-12-03-verl-2", trial) for trial in (0, 1, 2)]
+
+
+def source_cfg(study: optuna.Study) -> TuneConfig:
+    identity = study.user_attrs["identity"]
+    return TuneConfig(model=model_from_identity(identity), gpu=get_gpu(identity["gpu"]),
+                      gpus_per_node=identity["gpus_per_node"], nodes=identity["nodes"], backend=identity["backend"],
+                      trials=0, storage_url=f"sqlite:///{SOURCE_DB}", study_name=study.study_name,
+                      out_dir=SOURCE_DB.parent, seed=0, workload=workload_of(identity), fixed={}, ranges={},
+                      tune_workload=(), probe=ProbeBudget(), passthrough=identity.get("passthrough") or {})
+
+
+def main() -> int:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    url = f"sqlite:///{SOURCE_DB}"
+    study = optuna.load_study(study_name=optuna.get_all_study_summaries(url)[0].study_name, storage=url)
+    rows, others, probes = study_rows(study, source_cfg(study))
+    factor = {p: math.exp(statistics.median(r)) for p, r in rows.items()}
+    print(f"profile from {SOURCE_DB.relative_to(RESULTS.parent.parent)}: {probes} measured probes")
+    for phase in PHASES:
+        r = rows.get(phase, [])
+        if r:
+            print(f"  {phase:15s} measured/predicted x{factor[phase]:.2f} (median of {len(r)}; range "
+                  f"x{math.exp(min(r)):.2f}-x{math.exp(max(r)):.2f})")
+    print(f"  outside the phases: median {statistics.median(others):.1f} s per step" if others else "")
+    print()
+    print("held-out probes, step 2: predicted/measured per phase, without the profile -> with it")
+    worst = {"without": [], "with": []}
+    for folder, trial in HELD_OUT:
+        m, step, _ = compare(folder, trial)
+        cells = []
+        for phase in PHASES:
+            measured = m[f"timing_s/{phase}"]
+            bare = step.phase_s[phase] / measured
+            fixed = bare * factor.get(phase, 1.0)
+            worst["without"].append(max(bare, 1 / bare))
+            worst["with"].append(max(fixed, 1 / fixed))
+            cells.append(f"{phase} {bare:.2f}->{fixed:.2f}")
+        print(f"  {folder.removeprefix('h200-2026-12-03-')} trial {trial}: " + ", ".join(cells))
+    for label, values in worst.items():
+        within = sum(v <= 1.25 for v in values)
+        print(f"{label:8s} the profile: phases within 1.25x {within}/{len(values)}, worst x{max(values):.2f}, "
+              f"median error x{statistics.median(values):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

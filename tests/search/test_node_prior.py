@@ -1,0 +1,132 @@
+"""A study starts from its node kind's profile and leaves its measured probes in it (issue 29 item 4).
+
+The GPU is a TEST DOUBLE here (detect_kind returns a fixed H200 kind); the probes are the verl runner's, run by the
+step-switch double (tests/backends/verl/verl_double). The model terms are checked on committed real H200 rows."""
+
+import math
+import os
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.backends.verl.runner import ProbeLimits, VerlRunner
+from autotune.config import ProbeBudget, SearchOptions, TuneConfig
+from autotune.hardware import get_gpu
+from autotune.models import get_model
+from autotune.search import node_prior
+from autotune.search.driver import run_study
+from autotune.search.learned import CorrectedModel, base_prediction
+from autotune.search.prescreen import MemoryGate
+from autotune.search.warmstart import predicted
+from autotune.spaces.candidate import Candidate
+from autotune.storage.node_profile import PROFILE_ATTR, NodeKind, load_profile
+from autotune.workload import Workload
+
+DOUBLE = Path(__file__).parents[1] / "backends" / "verl" / "verl_double"
+BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
+KIND = NodeKind(gpu="H200", driver="580.159.04", torch="2.11.0", vllm="0.24.0", verl="0.9.1", attention="sdpa",
+                backend="verl")
+
+
+@pytest.fixture
+def h200_node(tmp_path, monkeypatch):
+    """TEST DOUBLE for the GPU: this machine reads as an H200 node of KIND; profiles go to a folder of the test's."""
+    monkeypatch.setenv("AUTOTUNE_PROFILE_DIR", str(tmp_path / "profiles"))
+    monkeypatch.setattr(node_prior, "detect_kind", lambda backend, passthrough: KIND if backend != "sim" else None)
+
+
+def _cfg(out: Path, trials: int, **kw) -> TuneConfig:
+    return TuneConfig(model=get_model("qwen2.5-7b"), gpu=get_gpu("H200"), gpus_per_node=8, nodes=1, backend="verl",
+                      trials=trials, storage_url=f"sqlite:///{out / 'a.db'}", study_name="s", out_dir=out, seed=3,
+                      workload=Workload(), fixed={"use_dynamic_bsz": False, "use_liger": False}, ranges={},
+                      tune_workload=(), probe=ProbeBudget(warmup_steps=1, timed_steps=1, configs_per_launch=4),
+                      search=SearchOptions(learn=False), **kw)
+
+
+def _runner() -> VerlRunner:
+    env = {**os.environ, "PYTHONPATH": f"{DOUBLE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    return VerlRunner(limits=ProbeLimits(deadline_s=60, idle_timeout_s=30, kill_grace_s=2), env=env,
+                      shared_entry="step_switch_double")
+
+
+def test_a_verl_study_leaves_its_probes_and_the_next_study_starts_from_them(tmp_path, h200_node):
+    first_out, second_out = tmp_path / "first", tmp_path / "second"
+    first_out.mkdir()
+    second_out.mkdir()
+    first = run_study(_cfg(first_out, trials=5), _runner())
+    assert first.user_attrs[PROFILE_ATTR]["none"].startswith("the first study on this kind of node")
+    measured = [t for t in first.trials if t.user_attrs.get("state") == "measured"]
+    profile = load_profile(KIND)
+    assert measured and profile is not None and profile.probes == len(measured)
+    assert len(profile.rows("update_actor")) == len(measured)
+
+    run_study(_cfg(first_out, trials=6), _runner())  # resumed: its rows replaced, not added
+    assert len(load_profile(KIND).studies) == 1
+
+    recorded = load_profile(KIND).probes
+    second = run_study(_cfg(second_out, trials=2), _runner())
+    summary = second.user_attrs[PROFILE_ATTR]
+    assert summary["id"] == KIND.id and summary["probes"] == recorded and summary["studies"] == 1
+    factors = node_prior.phase_factors(summary)
+    assert set(factors) >= {"gen", "update_actor"}
+    # the second study's model starts each phase at the profile's median residual
+    model = CorrectedModel(second_cfg := _cfg(second_out, trials=2), [], summary)
+    cand = Candidate()
+    params = cand.as_params()
+    mean, var = model.phase_residual("update_actor", params)
+    assert mean == pytest.approx(summary["phases"]["update_actor"]["log_mean"])
+    assert var < 0.8 ** 2  # narrower than a study without a profile
+    # and its warm start was ranked with the profile's factors
+    warm = [t for t in second.trials if t.user_attrs.get("warm_start") == 0]
+    assert len(warm) == 1
+    queued = warm[0].system_attrs["fixed_params"]  # what the warm start enqueued (Optuna's enqueue_trial)
+    cand = Candidate.from_params({**second_cfg.fixed, **{k: v for k, v in queued.items() if "." not in k}})
+    with_profile = predicted(second_cfg, cand, second_cfg.workload, MemoryGate(), factors=factors)
+    assert warm[0].user_attrs["predicted_tokens_per_s_per_gpu"] == pytest.approx(with_profile)
+    assert with_profile != pytest.approx(predicted(second_cfg, cand, second_cfg.workload, MemoryGate()))
+
+
+def test_a_sim_study_neither_uses_nor_leaves_a_profile(tmp_path, h200_node):
+    from autotune.backends.base import get_runner
+
+    cfg = replace(_cfg(tmp_path, trials=3), backend="sim", probe=ProbeBudget())
+    study = run_study(cfg, get_runner("sim"))
+    assert study.user_attrs[PROFILE_ATTR] == {"none": "the sim measures nothing"}
+    assert not (tmp_path / "profiles").exists()
+
+
+def test_the_h200_profile_brings_another_studys_phases_within_reach():
+    """Real rows: the profile of the 2026-12-05 H200 study (18 measured configurations) predicts the three probes of
+    the 2026-12-03 study per phase with a median error of x1.19 (x5.14 without), 9 of 15 within 1.25x (1 without)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import node_profile_h200 as bench
+        from sim_vs_verl_h200 import PHASES, compare
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    url = f"sqlite:///{bench.SOURCE_DB}"
+    study = optuna.load_study(study_name=optuna.get_all_study_summaries(url)[0].study_name, storage=url)
+    rows, others, probes = node_prior.study_rows(study, bench.source_cfg(study))
+    assert probes == 18 and all(len(rows[p]) == 18 for p in PHASES)
+    factor = {p: math.exp(statistics.median(r)) for p, r in rows.items()}
+    without, with_profile = [], []
+    for folder, trial in bench.HELD_OUT:
+        m, step, _ = compare(folder, trial)
+        for phase in PHASES:
+            ratio = step.phase_s[phase] / m[f"timing_s/{phase}"]
+            without.append(max(ratio, 1 / ratio))
+            fixed = ratio * factor[phase]
+            with_profile.append(max(fixed, 1 / fixed))
+    assert statistics.median(without) > 4 and statistics.median(with_profile) < 1.25
+    assert sum(v <= 1.25 for v in with_profile) >= 9 > sum(v <= 1.25 for v in without)
+
+
+def test_base_prediction_is_what_the_profile_divides_by():
+    cfg = _cfg(Path("/nonexistent"), trials=1)
+    base = base_prediction(cfg, Candidate(), cfg.workload)
+    assert base.phase_s["gen"] > 0 and set(base.phase_s) >= {"gen", "old_log_prob", "update_actor"}
