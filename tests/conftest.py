@@ -68,3 +68,10 @@ def pytest_unconfigure(config):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(_SESSION["exitstatus"])
+
+
+@pytest.fixture(autouse=True)
+def _own_node_profiles(tmp_path_factory, monkeypatch):
+    """No test reads or writes the user's node profiles (~/.cache/autotune/node-profiles): a study of test-double
+    probes on a GPU machine would otherwise leave its made-up phase times for the next real study."""
+    monkeypatch.setenv("AUTOTUNE_PROFILE_DIR", str(tmp_path_factory.getbasetemp() / "node-profiles"))
