@@ -20,9 +20,8 @@ from optuna.trial import TrialState
 from autotune import interrupt
 from autotune.search import lease
 from autotune.config import TuneConfig
-from autotune.errors import (ConfigError, ProbeEnvironmentError, ProbeOOM, ProbeRejected,
-                             RunFolderError)
-from autotune.backends.base import ProbePruned, ProbeRequest, ProbeResult, ProbeRunner
+from autotune.errors import ConfigError
+from autotune.backends.base import ProbeRequest, ProbeRunner
 from autotune.model.host_memory import HOST_HEADROOM, estimate_host_memory
 from autotune.model.memory import estimate_memory
 from autotune.search.prescreen import MemoryGate, inferred_oom, known_fit, memory_ratio
@@ -30,11 +29,13 @@ from autotune.search.sampler import make_pruner, make_sampler
 from autotune.search import groups, learned
 from autotune.search.equivalence import config_key
 from autotune.search.executor import Executor, Finished, InProcess, Launch, Report
+from autotune.search.outcomes import (copy_outcome, fail_run_folder, keep_probe_log, record_inferred_oom, record_outcome,
+                                      reject, reject_memory, tell_placeholder)
 from autotune.search.node_prior import phase_factors, record_profile, start_profile
 from autotune.search.warmstart import expert_parallel_start, rank_space
 from autotune.spaces.candidate import Candidate
 from autotune.verl.roles import separate_reference
-from autotune.verl.rules import Violation, check
+from autotune.verl.rules import check
 from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import SearchSpace, verl_default_candidate
 from autotune.storage.records import set_constraints
@@ -370,7 +371,7 @@ def _run_trials(ctx: StudyContext, study: optuna.Study, executor: Executor, on_t
                         _fail_interrupted(study, trial)
         finally:
             for launch in executor.cancel():
-                _keep_probe_log(launch.trial, Path(launch.request.run_dir))
+                keep_probe_log(launch.trial, Path(launch.request.run_dir))
             for _trial, beat in running.values():
                 beat.stop()
         raise
@@ -430,11 +431,11 @@ def _unless_taken_over(study: optuna.Study, trial: optuna.Trial, step: Callable[
 def _store_outcome(study: optuna.Study, done: Finished) -> None:
     """A finished probe: keep its log, then store its outcome on the trial (a lost run folder stops the study)."""
     trial, run_dir = done.launch.trial, Path(done.launch.request.run_dir)
-    _keep_probe_log(trial, run_dir)
+    keep_probe_log(trial, run_dir)
 
     def store() -> None:
         if isinstance(done.error, OSError):
-            _fail_run_folder(study, trial, run_dir, done.error)
+            fail_run_folder(study, trial, run_dir, done.error)
         record_outcome(study, trial, done.launch.ratio, result=done.result, error=done.error)
 
     _unless_taken_over(study, trial, store)
@@ -525,25 +526,25 @@ def prepare_trial(ctx: StudyContext, study: optuna.Study,
 
     duplicate = _find_duplicate(study, trial, separate_reference(workload))
     if duplicate is not None:
-        _copy_outcome(study, trial, duplicate)
+        copy_outcome(study, trial, duplicate)
         return None
     layout = ParallelLayout.of(candidate, workload, gpus_per_node=cfg.gpus_per_node, nodes=cfg.nodes)
     violations = check(cfg.model, workload, candidate, layout)
     if violations:
-        _reject(study, trial, violations)
+        reject(study, trial, violations)
         return None
     unsupported = ctx.runner.unsupported(candidate, workload)
     if unsupported:
         set_constraints(trial, rules=1.0)
         trial.set_user_attr("state", "rejected")
         trial.set_user_attr("reason", f"not measurable by the {cfg.backend} backend: {unsupported}")
-        _tell_placeholder(study, trial)
+        tell_placeholder(study, trial)
         return None
     params = candidate.as_params()
     if cfg.search.boundaries:
         source = inferred_oom(params, study)
         if source is not None:
-            _record_inferred_oom(study, trial, source)
+            record_inferred_oom(study, trial, source)
             return None
     mem = estimate_memory(cfg.model, cfg.gpu, workload, candidate, layout)
     ratio = memory_ratio(mem)
@@ -560,7 +561,7 @@ def prepare_trial(ctx: StudyContext, study: optuna.Study,
                   f"{mem.capacity_gib:.1f} GiB" + ("" if mem.kv_cache_fits else " (no room for the KV cache)")
                   + f" (gate: ratio {ratio:.2f} > {1 + gate.margin:.2f})")
         if fit is None and not users_job:
-            _reject_memory(study, trial, max(mem.over_gib, (ratio - 1 - gate.margin) * mem.capacity_gib), reason)
+            reject_memory(study, trial, max(mem.over_gib, (ratio - 1 - gate.margin) * mem.capacity_gib), reason)
             return None
         if fit is not None:
             trial.set_user_attr("known_fit_from", fit.number)
@@ -573,28 +574,12 @@ def prepare_trial(ctx: StudyContext, study: optuna.Study,
         reason = (f"predicted host OOM before launch: {host.describe()} of {cfg.host_mem_gib:.1f} GiB "
                   f"(plans for {HOST_HEADROOM:.0%})")
         if not users_job:
-            _reject_memory(study, trial, host.over_gib, reason)
+            reject_memory(study, trial, host.over_gib, reason)
             return None
         predicted_oom.append(reason)
     if predicted_oom:
         trial.set_user_attr("predicted_oom", "; ".join(predicted_oom) + "; launched anyway: it is your job")
     return launch_request(ctx, study, trial, candidate, workload, users_job=users_job), ratio
-
-
-def _record_inferred_oom(study: optuna.Study, trial: optuna.Trial, source: optuna.trial.FrozenTrial) -> None:
-    violation = (source.constraints or {}).get("memory", 1.0) or 1.0
-    set_constraints(trial, memory=violation)
-    trial.set_user_attr("state", "inferred_oom")
-    trial.set_user_attr("oom_kind", source.user_attrs.get("oom_kind", "cuda_oom"))
-    trial.set_user_attr("reason", f"inferred, not measured: needs at least the memory of trial {source.number}, which "
-                                  f"ran out ({source.user_attrs.get('oom_phase') or 'unknown phase'})")
-    trial.set_user_attr("inferred_from", source.number)
-    _tell_placeholder(study, trial)
-
-
-def _tell_placeholder(study: optuna.Study, trial: optuna.Trial) -> None:
-    """COMPLETE with a placeholder the constraint marks infeasible; it never reaches best/report/export."""
-    study.tell(trial, [0.0, 0.0] if len(study.directions) == 2 else 0.0)
 
 
 def launch_request(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial, candidate: Candidate,
@@ -605,7 +590,7 @@ def launch_request(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial, 
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            _fail_run_folder(study, trial, run_dir, exc)
+            fail_run_folder(study, trial, run_dir, exc)
     trial.set_user_attr("run_dir", str(run_dir))
     trial.set_user_attr("launched", True)
     return ProbeRequest(model=cfg.model, gpu=cfg.gpu, n_gpus=cfg.gpus_per_node, nodes=cfg.nodes,
@@ -614,120 +599,3 @@ def launch_request(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial, 
                         timed_steps=cfg.probe.timed_steps, users_job=users_job, env=dict(cfg.env))
 
 
-def _fail_run_folder(study: optuna.Study, trial: optuna.Trial, run_dir: Path, exc: OSError) -> None:
-    """A probe cannot run without its folder: record the trial as failed and stop the study with the cause."""
-    reason = f"cannot write the run folder {run_dir}: {exc.strerror or exc}"
-    trial.set_user_attr("state", "failed")
-    trial.set_user_attr("reason", reason)
-    study.tell(trial, state=TrialState.FAIL)
-    raise RunFolderError(f"{reason}; finished trials are stored, free the disk and run the same command")
-
-
-def record_outcome(study: optuna.Study, trial: optuna.Trial, ratio: float, *, result: ProbeResult | None = None,
-                   error: Exception | None = None) -> None:
-    """Store a probe's outcome on its trial and tell the study; an environment error is re-raised after."""
-    multi = len(study.directions) == 2
-    gate = MemoryGate.of(study)
-    if getattr(error, "probe_wall_s", None) is not None:  # a failed probe's GPU time counts against the budget
-        trial.set_user_attr("probe_wall_s", error.probe_wall_s)
-    if isinstance(error, ProbeOOM):
-        set_constraints(trial, memory=error.over_gib if error.over_gib and error.over_gib > 0 else 1.0)
-        trial.set_user_attr("state", "oom")
-        trial.set_user_attr("reason", str(error)[:500])
-        trial.set_user_attr("oom_phase", error.phase)
-        trial.set_user_attr("oom_kind", error.kind)
-        if error.peak_mem_gib is not None:
-            trial.set_user_attr("peak_mem_gib", error.peak_mem_gib)
-        if gate.learn(ratio, measured_oom=True):
-            gate.save(study)
-        _tell_placeholder(study, trial)
-    elif isinstance(error, ProbeRejected):
-        set_constraints(trial, rules=1.0)
-        trial.set_user_attr("state", "rejected")
-        trial.set_user_attr("reason", f"verl refused it at start-up: {error}"[:500])
-        _tell_placeholder(study, trial)
-    elif isinstance(error, ProbePruned):
-        set_constraints(trial)
-        trial.set_user_attr("state", "pruned")
-        trial.set_user_attr("reason", str(error))
-        study.tell(trial, state=TrialState.PRUNED)
-    elif isinstance(error, ProbeEnvironmentError):
-        trial.set_user_attr("state", "failed")
-        trial.set_user_attr("reason", f"environment: {error}")
-        study.tell(trial, state=TrialState.FAIL)
-        raise error
-    elif error is not None:
-        trial.set_user_attr("state", "failed")
-        trial.set_user_attr("reason", f"{type(error).__name__}: {error}"[:500])
-        study.tell(trial, state=TrialState.FAIL)
-    else:
-        _record_result(trial, result)
-        # a simulator that ran the user's job past its own OOM prediction (backends/sim.py) measured nothing: the
-        # gate learns from real fits only, such as a measured job that the model called OOM
-        if "predicted_oom" not in result.extra and gate.learn(ratio, measured_oom=False):
-            gate.save(study)
-            if trial.user_attrs.get("predicted_oom"):
-                trial.set_user_attr("gate_learned", f"it ran: the memory gate now admits ratio up to "
-                                                    f"{1 + gate.margin:.2f}")
-        study.tell(trial, [result.tokens_per_s_per_gpu, result.peak_mem_gib] if multi else result.tokens_per_s_per_gpu)
-
-
-def _keep_probe_log(trial: optuna.Trial, run_dir: Path) -> None:
-    """Store the probe's log as an Optuna artifact (the dashboard shows it next to the trial)."""
-    log_path = run_dir / "probe.log"
-    if not log_path.is_file():
-        return
-    from optuna.artifacts import FileSystemArtifactStore, upload_artifact
-
-    store_dir = run_dir.parent.parent / "artifacts"
-    try:
-        store_dir.mkdir(parents=True, exist_ok=True)
-        artifact_id = upload_artifact(artifact_store=FileSystemArtifactStore(str(store_dir)),
-                                      file_path=str(log_path), study_or_trial=trial)
-    except OSError as exc:  # the log stays in the run folder; a full disk must not lose the measurement
-        trial.set_user_attr("log_artifact_error", f"{exc.strerror or exc}")
-        return
-    trial.set_user_attr("log_artifact_id", artifact_id)
-
-
-def _record_result(trial: optuna.Trial, result: ProbeResult) -> None:
-    set_constraints(trial)
-    trial.set_user_attr("state", "simulated" if result.simulated else "measured")
-    trial.set_user_attr("reason", "simulated by the calibrated model" if result.simulated else "probe finished")
-    trial.set_user_attr("simulated", result.simulated)
-    trial.set_user_attr("tokens_per_s_per_gpu", result.tokens_per_s_per_gpu)
-    trial.set_user_attr("mfu", result.mfu)
-    trial.set_user_attr("peak_mem_gib", result.peak_mem_gib)
-    trial.set_user_attr("step_s", result.step_s)
-    trial.set_user_attr("phase_s", result.phase_s)
-    trial.set_user_attr("series", result.series)
-    for key, value in result.extra.items():
-        trial.set_user_attr(key, value)
-
-
-def _reject(study: optuna.Study, trial: optuna.Trial, violations: list[Violation]) -> None:
-    set_constraints(trial, rules=float(len(violations)))
-    trial.set_user_attr("state", "rejected")
-    trial.set_user_attr("reason", str(violations[0])[:500])
-    trial.set_user_attr("violations", [{"rule": v.rule, "message": v.message, "enforced_by": v.enforced_by,
-                                        "source": v.source} for v in violations])
-    _tell_placeholder(study, trial)
-
-
-def _reject_memory(study: optuna.Study, trial: optuna.Trial, over_gib: float, reason: str) -> None:
-    set_constraints(trial, memory=max(over_gib, 0.01))
-    trial.set_user_attr("state", "rejected")
-    trial.set_user_attr("reason", reason)
-    _tell_placeholder(study, trial)
-
-
-def _copy_outcome(study: optuna.Study, trial: optuna.Trial, source: optuna.trial.FrozenTrial) -> None:
-    constraints = source.constraints or {}
-    set_constraints(trial, rules=constraints.get("rules", 0.0), memory=constraints.get("memory", 0.0))
-    for key, value in source.user_attrs.items():
-        if key not in ("host", "pid", "baseline", "verl_default", "label", "feasible", "warm_start", "launched",
-                       "probe_wall_s", "heartbeat", "retry_of", "model_proposal", "config_key", "interrupted"):
-            trial.set_user_attr(key, value)
-    trial.set_user_attr("duplicate_of", source.number)
-    trial.set_user_attr("launched", False)
-    study.tell(trial, source.values if len(study.directions) == 2 else source.value)
