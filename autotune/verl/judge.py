@@ -364,15 +364,21 @@ def script_model(path) -> str | None:
 
 def run(tasks: list[tuple], *, processes: int = 2) -> list[dict]:
     """Judge ("setup", name, n, seed) and ("script", path, n, seed) tasks over `processes` worker processes
-    (each composes and validates on its own; verl is imported once before the fork)."""
+    (each composes and validates on its own).
+
+    The workers fork from a fresh fork server that imports verl once, never from this process: a fork of a process
+    with other threads (a test's Ray or gRPC threads, a study's heartbeat) can copy a lock some thread held, and the
+    child then waits on it for ever (seen in CI under xdist)."""
     import multiprocessing
 
-    import verl.utils.config  # noqa: F401  (imported once, inherited by the workers)
-    import verl.trainer.ppo.utils  # noqa: F401
-
     if processes <= 1:
+        import verl.utils.config  # noqa: F401
+        import verl.trainer.ppo.utils  # noqa: F401
+
         return [row for task in tasks for row in _run_task(task)]
-    with multiprocessing.get_context("fork").Pool(processes) as pool:
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["verl.utils.config", "verl.trainer.ppo.utils", "autotune.verl.judge"])
+    with context.Pool(processes) as pool:
         return [row for rows in pool.map(_run_task, tasks, chunksize=1) for row in rows]
 
 

@@ -62,32 +62,41 @@ def test_a_bad_node_count_is_one_line(two_node_export):
     assert proc.returncode == 2 and "trainer.nnodes must be a whole number of at least 1, but is 'two'" in proc.stderr
 
 
+# Ray's two-node Cluster runs in a process of its own: started in the test process, its gRPC threads stay behind,
+# and a later test in this worker that forks (verl/judge.py's Pool) deadlocks in the child (seen in CI under xdist).
+_CLUSTER = """
+import sys
+from ray.cluster_utils import Cluster
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 8})
+cluster.add_node(num_cpus=1, num_gpus=8)
+cluster.wait_for_nodes()
+print(cluster.address, flush=True)
+sys.stdin.read()  # until the test closes it
+cluster.shutdown()
+"""
+
+
 @pytest.fixture(scope="module")
 def ray_two_nodes():
-    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray")
     import shutil
     import tempfile
 
-    from ray.cluster_utils import Cluster
-
-    # a temp dir of its own (short: Ray's socket paths have a length limit): a cluster started here writes its
-    # address where a plain ray.init() in another test process (tests/search/test_ray_executor.py, run beside
-    # this file under xdist) would otherwise find and join it
+    # a Ray temp dir of its own (short: Ray's socket paths have a length limit), so that the address file this
+    # cluster writes is never found by a plain ray.init() elsewhere
     temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")
-    before = os.environ.get("RAY_TMPDIR")
-    os.environ["RAY_TMPDIR"] = temp
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 8})
+    proc = subprocess.Popen([sys.executable, "-c", _CLUSTER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env={**os.environ, "RAY_TMPDIR": temp})
     try:
-        cluster.add_node(num_cpus=1, num_gpus=8)
-        cluster.wait_for_nodes()
-        yield cluster.address
+        address = proc.stdout.readline().strip()
+        assert address, "the two-node Ray cluster did not start"
+        yield address
     finally:
-        ray.shutdown()
-        cluster.shutdown()
-        if before is None:
-            os.environ.pop("RAY_TMPDIR", None)
-        else:
-            os.environ["RAY_TMPDIR"] = before
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
         shutil.rmtree(temp, ignore_errors=True)
 
 
