@@ -331,7 +331,8 @@ def cmd_estimate(args) -> int:
         raise ConfigError("--gpus (GPUs per node, >= 1) is required when the job does not set trainer.n_gpus_per_node"
                           + _gpu_count_hint(args.gpu))
     check_cluster(gpus, nodes)
-    gpu, gpu_how = choose_gpu(args.gpu, detect_gpus())
+    detected = detect_gpus()
+    gpu, gpu_how = choose_gpu(args.gpu, detected)
     workload = job.workload
     if args.mean_response_length is not None:
         from dataclasses import replace
@@ -340,7 +341,7 @@ def cmd_estimate(args) -> int:
     if not args.json:
         print(first_line(job.model, gpu, gpu_how, gpus, nodes, workload, f"from {args.from_job}"))
     result = estimate(job.model, gpu, workload, job.baseline, gpus_per_node=gpus, nodes=nodes,
-                      profile=node_profile_for(gpu, job.passthrough))
+                      profile=node_profile_for(gpu, job.passthrough, detected))
     if args.json:
         print(json.dumps({**result.as_dict(), "source": str(args.from_job), "model_path": job.model.model_path,
                           "shapes_from": job.model.shapes_from, "unresolved": list(job.unresolved),
@@ -373,20 +374,21 @@ def _estimate_flags(args) -> int:
     if nodes < 1:
         raise ConfigError(f"--nodes must be at least 1, but got --nodes {nodes}")
     model = resolve_model(name)
-    gpu, gpu_how = choose_gpu(args.gpu or tune.gpu, detect_gpus())
+    detected = detect_gpus()
+    gpu, gpu_how = choose_gpu(args.gpu or tune.gpu, detected)
     workload = tune.workload
     cand = verl_default_candidate(model, workload, gpus_per_node=args.gpus, nodes=nodes)
     source = f"{model.model_path} with verl's default configuration"
     if args.json:
         print(json.dumps({**estimate(model, gpu, workload, cand, gpus_per_node=args.gpus, nodes=nodes,
-                                     profile=node_profile_for(gpu, {})).as_dict(),
+                                     profile=node_profile_for(gpu, {}, detected)).as_dict(),
                           "source": source, "model_path": model.model_path, "shapes_from": model.shapes_from},
                          indent=2, default=str))
         return 0
     print(first_line(model, gpu, gpu_how, args.gpus, nodes, workload,
                      f"from {args.config}" if args.config else "autotune's default"))
     print(render(estimate(model, gpu, workload, cand, gpus_per_node=args.gpus, nodes=nodes,
-                          profile=node_profile_for(gpu, {})), source, ()))
+                          profile=node_profile_for(gpu, {}, detected)), source, ()))
     return 0
 
 

@@ -4,11 +4,11 @@ micro-batch, token budget or vLLM share is. All predictions are the calibrated m
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 from autotune.hardware import GpuSpec
 from autotune.models import ModelSpec
+from autotune.storage.node_profile import phase_factors
 from autotune.model.cost import estimate_step_time
 from autotune.model.host_memory import estimate_host_memory
 from autotune.model.memory import estimate_memory
@@ -65,20 +65,17 @@ def _applies(knob: str, cand: Candidate) -> bool:
     return True
 
 
-def node_profile_for(gpu: GpuSpec, passthrough: dict) -> dict:
-    """The profile of this node's kind for a verl job on `gpu` (storage/node_profile.py), or why there is none."""
-    from autotune.storage.node_profile import detect_kind, load_profile
+def node_profile_for(gpu: GpuSpec, passthrough: dict, detected=None) -> dict:
+    """The profile of this node's kind for a verl job on `gpu` (storage/node_profile.py), or why there is none
+    (`detected`: hardware.detect_gpus() when the caller has read it)."""
+    from autotune.storage.node_profile import detect_kind, summary_for
 
-    kind = detect_kind("verl", passthrough)
+    kind = detect_kind("verl", passthrough, detected)
     if kind is None:
         return {"none": "no NVIDIA GPU detected here"}
     if kind.gpu != gpu.name:
         return {"none": f"this node is {kind.gpu}, the estimate is for {gpu.name}"}
-    profile = load_profile(kind)
-    summary = profile.summary() if profile is not None else None
-    if not summary or not summary["phases"]:
-        return {"none": f"no study has measured this kind of node yet ({kind.describe()})"}
-    return summary
+    return summary_for(kind, "no study has measured this kind of node yet")
 
 
 def estimate(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate, *, gpus_per_node: int,
@@ -113,8 +110,8 @@ def estimate(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate
         typical = estimate_memory(model, gpu, workload, cand, layout, typical=True)
     phase_s, step_s, tps, mfu = dict(step.phase_s), step.step_s, step.tokens_per_s_per_gpu, step.mfu_actor
     mfu_model = step.mfu_actor_model_flops
-    factors = {p: math.exp(v["log_mean"]) for p, v in ((profile or {}).get("phases") or {}).items()}
-    if factors and not (profile or {}).get("none"):
+    factors = phase_factors(profile)
+    if factors:
         phase_s = {p: seconds * factors.get(p, 1.0) for p, seconds in step.phase_s.items()}
         step_s = step.step_s + sum(phase_s.values()) - sum(step.phase_s.values())
         tps = step.tokens_per_s_per_gpu * step.step_s / step_s

@@ -31,7 +31,7 @@ from autotune.search.equivalence import config_key
 from autotune.search.executor import Executor, Finished, InProcess, Launch, Report
 from autotune.search.outcomes import (copy_outcome, fail_run_folder, keep_probe_log, record_inferred_oom, record_outcome,
                                       reject, reject_memory, tell_placeholder)
-from autotune.search.node_prior import phase_factors, record_profile, start_profile
+from autotune.search.node_prior import record_profile, start_profile
 from autotune.search.warmstart import expert_parallel_start, rank_space
 from autotune.spaces.candidate import Candidate
 from autotune.verl.roles import separate_reference
@@ -39,7 +39,7 @@ from autotune.verl.rules import check
 from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import SearchSpace, verl_default_candidate
 from autotune.storage.records import set_constraints
-from autotune.storage.node_profile import PROFILE_ATTR
+from autotune.storage.node_profile import PROFILE_ATTR, phase_factors
 from autotune.storage.settings import ATTR as SETTINGS_ATTR, search_settings
 from autotune.storage.urls import hold_single_writer, open_storage
 from autotune.workload import Workload

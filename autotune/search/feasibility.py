@@ -85,13 +85,12 @@ def working_node_count(model: ModelSpec, gpu: GpuSpec, workload: Workload, *, gp
     """The fewest nodes, more than `nodes`, of max(gpus_per_node, NODE_GPUS) GPUs each on which some layout fits
     (a model too large for one node's memory; doubling first, then the counts between)."""
     per_node = max(gpus_per_node, NODE_GPUS)
-    tried = set()
     n = nodes * 2
     while n <= MAX_HINT_NODES:
-        tried.add(n)
         if fits(model, gpu, workload, gpus_per_node=per_node, nodes=n):
-            return next((m for m in range(max(nodes + 1, n // 2 + 1), n) if m not in tried
-                         and fits(model, gpu, workload, gpus_per_node=per_node, nodes=m)), n)
+            # the counts between the last doubling that did not fit and this one were not tried yet
+            return next((m for m in range(max(nodes + 1, n // 2 + 1), n)
+                         if fits(model, gpu, workload, gpus_per_node=per_node, nodes=m)), n)
         n *= 2
     return None
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
@@ -19,7 +20,7 @@ from optuna.trial import TrialState
 from autotune.config import TuneConfig
 from autotune.search.learned import base_prediction
 from autotune.spaces.candidate import Candidate
-from autotune.storage.node_profile import PROFILE_ATTR, NodeKind, detect_kind, load_profile, record_study
+from autotune.storage.node_profile import PROFILE_ATTR, NodeKind, detect_kind, record_study, summary_for
 from autotune.storage.results import workload_of
 from autotune.storage.urls import redact
 
@@ -33,27 +34,9 @@ def start_profile(study: optuna.Study, cfg: TuneConfig) -> dict:
     if kind is None:
         summary = {"none": "the sim measures nothing" if cfg.backend == "sim" else "no NVIDIA GPU detected here"}
     else:
-        profile = load_profile(kind)
-        prior = profile.summary() if profile is not None else None
-        if prior and prior["phases"]:
-            summary = prior
-        else:
-            summary = {"none": f"the first study on this kind of node ({kind.describe()})", "id": kind.id,
-                       "kind": prior["kind"] if prior else _kind_doc(kind)}
+        summary = summary_for(kind, "the first study on this kind of node")
     study.set_user_attr(PROFILE_ATTR, summary)
     return summary
-
-
-def _kind_doc(kind: NodeKind) -> dict:
-    from dataclasses import asdict
-    return asdict(kind)
-
-
-def phase_factors(summary: dict | None) -> dict[str, float]:
-    """measured/predicted per phase by the profile a study started from ({} without one)."""
-    if not summary or summary.get("none"):
-        return {}
-    return {phase: math.exp(v["log_mean"]) for phase, v in summary.get("phases", {}).items()}
 
 
 def study_rows(study: optuna.Study, cfg: TuneConfig) -> tuple[dict[str, list[float]], list[float], int]:
@@ -88,14 +71,13 @@ def study_id(study: optuna.Study, storage_url: str) -> str:
     return f"{study.study_name}@{hashlib.sha256(redact(storage_url).encode()).hexdigest()[:8]}"
 
 
-def record_profile(study: optuna.Study, cfg: TuneConfig) -> str | None:
-    """Leave this study's measured probes in its node kind's profile; a line saying so, or None."""
+def record_profile(study: optuna.Study, cfg: TuneConfig) -> Path | None:
+    """Leave this study's measured probes in its node kind's profile; the profile's file, or None (no kind, no
+    measured probe, or a folder that cannot be written)."""
     summary = study.user_attrs.get(PROFILE_ATTR) or {}
     if "kind" not in summary:
         return None
-    kind = NodeKind(**summary["kind"])
     phases, others, probes = study_rows(study, cfg)
     if not probes:
         return None
-    path = record_study(kind, study_id(study, cfg.storage_url), phases, others, probes)
-    return f"node profile {kind.id}: {probes} measured probe(s) recorded in {path}" if path else None
+    return record_study(NodeKind(**summary["kind"]), study_id(study, cfg.storage_url), phases, others, probes)

@@ -160,6 +160,23 @@ def record_study(kind: NodeKind, study_name: str, phases: dict[str, list[float]]
     return path
 
 
+def summary_for(kind: NodeKind, none_yet: str) -> dict:
+    """What a study (or an estimate) on this kind of node starts from: its profile's summary, or `none_yet` and the
+    kind (so that a study can leave its probes in the profile at its end)."""
+    profile = load_profile(kind)
+    summary = profile.summary() if profile is not None else None
+    if summary and summary["phases"]:
+        return summary
+    return {"none": f"{none_yet} ({kind.describe()})", "id": kind.id, "kind": asdict(kind)}
+
+
+def phase_factors(summary: dict | None) -> dict[str, float]:
+    """measured/predicted per phase by a profile's summary ({} without one)."""
+    if not summary or summary.get("none"):
+        return {}
+    return {phase: math.exp(v["log_mean"]) for phase, v in summary.get("phases", {}).items()}
+
+
 def describe_summary(summary: dict | None) -> str:
     """One line for `show` and `estimate`: the profile a study started from, or why there was none."""
     if not summary:

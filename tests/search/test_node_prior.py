@@ -23,7 +23,7 @@ from autotune.search.learned import CorrectedModel, base_prediction
 from autotune.search.prescreen import MemoryGate
 from autotune.search.warmstart import predicted
 from autotune.spaces.candidate import Candidate
-from autotune.storage.node_profile import PROFILE_ATTR, NodeKind, load_profile
+from autotune.storage.node_profile import PROFILE_ATTR, NodeKind, load_profile, phase_factors
 from autotune.workload import Workload
 
 DOUBLE = Path(__file__).parents[1] / "backends" / "verl" / "verl_double"
@@ -71,7 +71,7 @@ def test_a_verl_study_leaves_its_probes_and_the_next_study_starts_from_them(tmp_
     second = run_study(_cfg(second_out, trials=2), _runner())
     summary = second.user_attrs[PROFILE_ATTR]
     assert summary["id"] == KIND.id and summary["probes"] == recorded and summary["studies"] == 1
-    factors = node_prior.phase_factors(summary)
+    factors = phase_factors(summary)
     assert set(factors) >= {"gen", "update_actor"}
     # the second study's model starts each phase at the profile's median residual
     model = CorrectedModel(second_cfg := _cfg(second_out, trials=2), [], summary)
