@@ -5,7 +5,7 @@
 #  3. the job (run_tiny_grpo.sh) as it is (SDPA, no remove-padding) for 3 steps, step 3 under verl's torch profiler
 #     (actor and ref: log-prob and update), the traces summarised on the node (summarize_trace.py);
 #  4. the same job with remove-padding on through the shim (flash_attention_2), the same 3 steps and profile;
-# Each launch's console is kept; step 2 is the timed step, step 1 is warm-up. Everything lands in $RES (/tmp/res),
+# The shim sits in /tmp/shim, on the path of the check and of step 4 only. Each launch's console is kept; step 2 is the timed step, step 1 is warm-up. Everything lands in $RES (/tmp/res),
 # tarred by collect.sh. Env: SKIP (space-separated step numbers to skip).
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -17,18 +17,19 @@ cd "$REPO"
 stamp() { echo "=== $(date -u +%FT%TZ) $*" | tee -a "$RES/timeline.txt"; }
 skip() { case " $SKIP " in *" $1 "*) return 0;; esac; return 1; }
 { nvidia-smi; python3 -c "import torch, vllm, verl, ray, transformers; print('torch', torch.__version__, 'vllm', vllm.__version__, 'verl', verl.__version__, 'ray', ray.__version__, 'transformers', transformers.__version__)"; } > "$RES/versions.txt" 2>&1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .shimwhl/*.whl > "$RES/shim_install.txt" 2>&1
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/shim .shimwhl/*.whl > "$RES/shim_install.txt" 2>&1
 PROFILE=(global_profiler.tool=torch 'global_profiler.steps=[3]' global_profiler.save_path=/tmp/prof
          actor_rollout_ref.actor.profiler.enable=True actor_rollout_ref.actor.profiler.all_ranks=True
          'actor_rollout_ref.actor.profiler.tool_config.torch.contents=[cuda]'
          actor_rollout_ref.ref.profiler.enable=True actor_rollout_ref.ref.profiler.all_ranks=True
          'actor_rollout_ref.ref.profiler.tool_config.torch.contents=[cuda]'
          trainer.total_training_steps=3)
-launch() {  # name, extra overrides...
+launch() {  # name, extra overrides... (SHIM=1 in its environment: the flash_attn shim on the path)
   local name=$1; shift
+  local path=$PYTHONPATH; [ "${SHIM:-0}" = 1 ] && path=/tmp/shim:$PYTHONPATH
   stamp "$name start"
   rm -rf /tmp/prof /tmp/ckpt
-  timeout 900 bash benchmarks/verl_h200/run_tiny_grpo.sh "${PROFILE[@]}" "$@" > "$RES/$name.log" 2>&1
+  PYTHONPATH=$path timeout 900 bash benchmarks/verl_h200/run_tiny_grpo.sh "${PROFILE[@]}" "$@" > "$RES/$name.log" 2>&1
   echo "rc=$?" >> "$RES/$name.log"
   stamp "$name end"
   ls -la /tmp/prof > "$RES/${name}_traces.txt" 2>&1
@@ -36,7 +37,7 @@ launch() {  # name, extra overrides...
   stamp "$name summarised"
   ray stop --force > /dev/null 2>&1; sleep 3
 }
-if ! skip 1; then stamp shim; python3 benchmarks/verl_h200/gpu/check_flash_shim.py > "$RES/shim_check.txt" 2>&1; echo "rc=$?" >> "$RES/shim_check.txt"; fi
+if ! skip 1; then stamp shim; PYTHONPATH=/tmp/shim:$PYTHONPATH python3 benchmarks/verl_h200/gpu/check_flash_shim.py > "$RES/shim_check.txt" 2>&1; echo "rc=$?" >> "$RES/shim_check.txt"; fi
 if ! skip 4; then
   for mode in graphs eager; do
     stamp "vllm $mode"; timeout 300 python3 benchmarks/verl_h200/gpu/vllm_eager.py /tmp/tiny-qwen2 $mode > "$RES/vllm_$mode.txt" 2>&1
@@ -44,6 +45,6 @@ if ! skip 4; then
   done
 fi
 skip 2 || launch rmpad_off
-skip 3 || launch rmpad_on actor_rollout_ref.model.use_remove_padding=True \
+skip 3 || SHIM=1 launch rmpad_on actor_rollout_ref.model.use_remove_padding=True \
     ++actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2
 stamp ALL DONE
