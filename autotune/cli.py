@@ -471,7 +471,9 @@ def status_line(doc: dict, target: int, done: int) -> str:
     else:
         text = f"best {best['tokens_per_s_per_gpu']:.0f} tok/s/GPU (trial {best['trial']}, exported)"
         if doc.get("speedup_vs_baseline"):
-            text += f", x{doc['speedup_vs_baseline']:.2f} vs {doc['baseline_is']} (trial {doc['baseline']['trial']})"
+            from autotune.storage.noise import describe as noise_clause
+            text += (f", x{doc['speedup_vs_baseline']:.2f} vs {doc['baseline_is']} (trial {doc['baseline']['trial']}; "
+                     f"{noise_clause(doc.get('step_noise'), doc.get('speedup_vs_baseline_interval'), simulated=doc['simulated'])})")
         if doc.get("speedup_vs_verl_default"):
             text += f", x{doc['speedup_vs_verl_default']:.2f} vs verl default (trial {doc['verl_default']['trial']})"
         if doc.get("tied_with_best"):
