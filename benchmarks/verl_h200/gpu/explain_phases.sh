@@ -1,10 +1,11 @@
 #!/bin/bash
 # ON the GPU node after setup.sh, started detached (setsid): issue 29's measurements in one run.
 #  1. the flash_attn shim (benchmarks/verl_h200/flash_attn_shim, its wheel carried in .shimwhl) against SDPA;
-#  2. the job's rollout alone in vLLM, eager against CUDA graphs (vllm_eager.py);
-#  3. the job (run_tiny_grpo.sh) as it is (SDPA, no remove-padding) for 3 steps, step 3 under verl's torch profiler
+#  2. the job (run_tiny_grpo.sh) as it is (SDPA, no remove-padding) for 3 steps, step 3 under verl's torch profiler
 #     (actor and ref: log-prob and update), the traces summarised on the node (summarize_trace.py);
-#  4. the same job with remove-padding on through the shim (flash_attention_2), the same 3 steps and profile;
+#  3. the same job with remove-padding on through the shim (flash_attention_2): 2 steps, no profile (PLAIN_ON=0: 3 and
+#     the profile, about 70 s more of the session's device time);
+#  4. the job's rollout alone in vLLM, eager against CUDA graphs (vllm_eager.py).
 # The shim sits in /tmp/shim, on the path of the check and of step 4 only. Each launch's console is kept; step 2 is the timed step, step 1 is warm-up. Everything lands in $RES (/tmp/res),
 # tarred by collect.sh. Env: SKIP (space-separated step numbers to skip).
 set -uo pipefail
@@ -24,12 +25,14 @@ PROFILE=(global_profiler.tool=torch 'global_profiler.steps=[3]' global_profiler.
          actor_rollout_ref.ref.profiler.enable=True actor_rollout_ref.ref.profiler.all_ranks=True
          'actor_rollout_ref.ref.profiler.tool_config.torch.contents=[cuda]'
          trainer.total_training_steps=3)
-launch() {  # name, extra overrides... (SHIM=1 in its environment: the flash_attn shim on the path)
+launch() {  # name, extra overrides... (SHIM=1 in its environment: the flash_attn shim on the path; PLAIN=1: 2 steps,
+            # no profile)
   local name=$1; shift
   local path=$PYTHONPATH; [ "${SHIM:-0}" = 1 ] && path=/tmp/shim:$PYTHONPATH
   stamp "$name start"
   rm -rf /tmp/prof /tmp/ckpt
-  PYTHONPATH=$path timeout 900 bash benchmarks/verl_h200/run_tiny_grpo.sh "${PROFILE[@]}" "$@" > "$RES/$name.log" 2>&1
+  local extra=("${PROFILE[@]}"); [ "${PLAIN:-0}" = 1 ] && extra=(trainer.total_training_steps=2)
+  PYTHONPATH=$path timeout 900 bash benchmarks/verl_h200/run_tiny_grpo.sh "${extra[@]}" "$@" > "$RES/$name.log" 2>&1
   echo "rc=$?" >> "$RES/$name.log"
   stamp "$name end"
   ls -la /tmp/prof > "$RES/${name}_traces.txt" 2>&1
@@ -38,13 +41,13 @@ launch() {  # name, extra overrides... (SHIM=1 in its environment: the flash_att
   ray stop --force > /dev/null 2>&1; sleep 3
 }
 if ! skip 1; then stamp shim; PYTHONPATH=/tmp/shim:$PYTHONPATH python3 benchmarks/verl_h200/gpu/check_flash_shim.py > "$RES/shim_check.txt" 2>&1; echo "rc=$?" >> "$RES/shim_check.txt"; fi
+skip 2 || launch rmpad_off
+skip 3 || SHIM=1 PLAIN=${PLAIN_ON:-1} launch rmpad_on actor_rollout_ref.model.use_remove_padding=True \
+    ++actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2
 if ! skip 4; then
   for mode in graphs eager; do
     stamp "vllm $mode"; timeout 300 python3 benchmarks/verl_h200/gpu/vllm_eager.py /tmp/tiny-qwen2 $mode > "$RES/vllm_$mode.txt" 2>&1
     echo "rc=$?" >> "$RES/vllm_$mode.txt"
   done
 fi
-skip 2 || launch rmpad_off
-skip 3 || SHIM=1 launch rmpad_on actor_rollout_ref.model.use_remove_padding=True \
-    ++actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2
 stamp ALL DONE
