@@ -6,7 +6,7 @@
 #  3. the same job with remove-padding on through the shim (flash_attention_2): 2 steps, no profile (PLAIN_ON=0: 3 and
 #     the profile, about 70 s more of the session's device time);
 #  4. the job's rollout alone in vLLM, eager against CUDA graphs (vllm_eager.py).
-# The shim sits in /tmp/shim, on the path of the check and of step 4 only. Each launch's console is kept; step 2 is the timed step, step 1 is warm-up. Everything lands in $RES (/tmp/res),
+# The shim sits in /tmp/shim, on the path of the check and of step 3 only. Each launch's console is kept; step 2 is the timed step, step 1 is warm-up. Everything lands in $RES (/tmp/res),
 # tarred by collect.sh. Env: SKIP (space-separated step numbers to skip).
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
