@@ -88,9 +88,12 @@ def study_view(study: optuna.Study) -> StudyView:
     identity = identity_of(study)
     trials = tuple(study.get_trials(deepcopy=False))
     results = tuple(t for t in trials if is_result(t))
-    # the exporter's ranking (multi-objective: the Pareto front within the memory margin), so the page's
-    # best is the trial best.yaml comes from
-    best = tuple(trials[r.number] for r in best_records(study, k=len(trials)) if is_result(trials[r.number]))
+    # the exporter's ranking (multi-objective: the Pareto front within the memory margin), so the page's first best is
+    # the trial best.yaml comes from; a configuration probed again (a confirmation) brings its other trials right
+    # after its first
+    ranked = [[r.number] + [p["trial"] for p in r.user_attrs.get("repeats") or () if p["trial"] != r.number]
+              for r in best_records(study, k=len(trials))]
+    best = tuple(trials[n] for numbers in ranked for n in numbers if is_result(trials[n]))
     baseline = next((t for t in results if t.user_attrs.get("baseline")), None)
     simulated = identity.get("backend") == "sim" or any(t.user_attrs.get("simulated") for t in results)
     names = tuple(study.metric_names or ())

@@ -1,8 +1,8 @@
 """How noisy one timed step is on this node, measured from the study's own repeats, and the interval that noise puts
 on a speedup (issue 34).
 
-A configuration timed more than once (`probe: {timed_steps: 2}` or more, or a shared launch's first configuration,
-timed again at the launch's end) shows how far one step of the same configuration moves. The pooled spread of those
+A configuration timed more than once (`probe: {timed_steps: 2}` or more, a shared launch's first configuration timed
+again at the launch's end, or a confirmation probe of a leader) shows how far one step of the same configuration moves. The pooled spread of those
 repeats (standard deviation of log tokens/s within a configuration) is the study's step noise; a score that is the
 mean of n steps carries noise/sqrt(n), and a ratio of two scores the root of the sum of their squares. The interval
 uses Student's t on the repeats' degrees of freedom: with one repeat it is honest and wide. Simulated trials are
@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from autotune.storage.records import TrialRecord
+from autotune.storage.records import TrialRecord, configuration_key
 
 LEVEL = 0.95
 # Student's t, two-sided 95%, by degrees of freedom (any statistics table; e.g. NIST/SEMATECH e-Handbook 1.3.6.7.2)
@@ -36,12 +36,21 @@ def timed_values(rec: TrialRecord) -> list[float]:
     return [v for v in (rec.user_attrs.get("series") or {}).get("perf/throughput") or () if v and v > 0]
 
 
+def steps_of(rec: TrialRecord) -> int:
+    """The timed steps behind a score: every probe's, for a configuration probed more than once."""
+    repeats = rec.user_attrs.get("repeats")
+    return sum(p["steps"] for p in repeats) if repeats else max(len(timed_values(rec)), 1)
+
+
 def step_noise(recs: list[TrialRecord]) -> dict | None:
     """The pooled standard deviation of log tokens/s of one step, over measured trials timed twice or more:
-    {"sigma_rel", "dof", "trials"}; None when no configuration was timed twice (or the study is simulated)."""
-    groups = [(r.number, [math.log(v) for v in timed_values(r)]) for r in recs
-              if r.feasible_measurement and not r.user_attrs.get("simulated")]
-    groups = [(n, logs) for n, logs in groups if len(logs) >= 2]
+    {"sigma_rel", "dof", "trials"} (each configuration's first trial); None when no configuration was timed twice (or the study is simulated)."""
+    by_config: dict[str, tuple[int, list[float]]] = {}
+    for r in sorted(recs, key=lambda r: r.number):
+        if r.feasible_measurement and not r.user_attrs.get("simulated") and "duplicate_of" not in r.user_attrs:
+            first, logs = by_config.setdefault(configuration_key(r), (r.number, []))
+            logs.extend(math.log(v) for v in timed_values(r))
+    groups = [(n, logs) for n, logs in by_config.values() if len(logs) >= 2]
     dof = sum(len(logs) - 1 for _, logs in groups)
     if not dof:
         return None
@@ -53,7 +62,7 @@ def speedup_interval(best: TrialRecord, base: TrialRecord, noise: dict | None) -
     """The 95% interval of best/base given each one's number of timed steps and the study's step noise."""
     if noise is None or not best.tokens_per_s_per_gpu or not base.tokens_per_s_per_gpu:
         return None
-    n_best, n_base = max(len(timed_values(best)), 1), max(len(timed_values(base)), 1)
+    n_best, n_base = steps_of(best), steps_of(base)
     half = t95(noise["dof"]) * noise["sigma_rel"] * math.sqrt(1 / n_best + 1 / n_base)
     ratio = best.tokens_per_s_per_gpu / base.tokens_per_s_per_gpu
     return ratio * math.exp(-half), ratio * math.exp(half)

@@ -10,7 +10,9 @@ constraints (reference/optuna-ray.md, section 0).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+import math
+from dataclasses import dataclass, field, replace
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -87,19 +89,52 @@ def best_records(study: optuna.Study, k: int = 5) -> list[TrialRecord]:
     In a multi-objective study (tokens/s against peak memory) the candidates are the Pareto front,
     restricted to trials that leave the study's `memory_margin_gib` of headroom on the GPU.
     """
-    measured = feasible_measured(study)
+    measured = pooled(feasible_measured(study))
     if len(study.directions) == 2:
         identity = study.user_attrs.get("identity") or {}
         from autotune.hardware import get_gpu
         capacity = get_gpu(identity["gpu"]).mem_gib if identity.get("gpu") else float("inf")
         margin = study.user_attrs.get("memory_margin_gib", 0.0)
-        measured = [r for r in pareto_front(study) if (r.peak_mem_gib or 0.0) <= capacity - margin]
+        front = {r.number for r in pareto_front(study)}
+        measured = [r for r in measured if (r.number in front or r.user_attrs.get("repeats"))
+                    and (r.peak_mem_gib or 0.0) <= capacity - margin]
     ranked = sorted(measured, key=lambda r: r.tokens_per_s_per_gpu, reverse=True)
     if ranked:
         base = baseline_record(study)
         pick = tie_break(tied_with_fastest(ranked), (base.user_attrs.get("candidate") or base.params) if base else {})
         ranked = [pick] + [r for r in ranked if r is not pick]
     return ranked[:k]
+
+
+def configuration_key(rec: TrialRecord) -> str:
+    """What makes two trials the same configuration: the candidate verl ran and any opted-in workload knob."""
+    return json.dumps([rec.user_attrs.get("candidate") or rec.params, rec.user_attrs.get("workload_tuned") or {}],
+                      sort_keys=True, default=str)
+
+
+def pooled(measured: list[TrialRecord]) -> list[TrialRecord]:
+    """One record per configuration. A configuration measured by more than one probe (a confirmation, issue 34) is
+    scored by the geometric mean of its probes weighted by their timed steps, with its highest peak; the record is
+    its first trial's, and `repeats` lists every probe. A trial that copied another's outcome without a probe
+    (`duplicate_of`) is no measurement of its own."""
+    groups: dict[str, list[TrialRecord]] = {}
+    for r in measured:
+        groups.setdefault(configuration_key(r), []).append(r)
+    out = []
+    for recs in groups.values():
+        probes = [r for r in recs if "duplicate_of" not in r.user_attrs] or recs
+        if len(probes) == 1:
+            out.extend(recs)
+            continue
+        steps = [max(len((r.user_attrs.get("series") or {}).get("perf/throughput") or ()), 1) for r in probes]
+        score = math.exp(sum(n * math.log(r.tokens_per_s_per_gpu) for n, r in zip(steps, probes)) / sum(steps))
+        peaks = [r.peak_mem_gib for r in probes if r.peak_mem_gib is not None]
+        first = min(probes, key=lambda r: r.number)
+        out.append(replace(first, tokens_per_s_per_gpu=score, peak_mem_gib=max(peaks) if peaks else None,
+                           user_attrs={**first.user_attrs, "repeats": [
+                               {"trial": r.number, "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu, "steps": n}
+                               for n, r in sorted(zip(steps, probes), key=lambda p: p[1].number)]}))
+    return out
 
 
 # Scores this close to the fastest are one result (issue 32 item 5): a difference no run's wall time shows, below a

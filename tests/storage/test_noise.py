@@ -67,3 +67,27 @@ def test_the_h200_shared_launch_study_calls_its_speedup_within_one_steps_noise()
     lo, hi = doc["speedup_vs_baseline_interval"]
     assert lo < 1.0 < doc["speedup_vs_baseline"] < hi
     assert "within the noise" in describe(doc["step_noise"], [lo, hi], simulated=False)
+
+
+def test_a_confirmation_probe_pools_with_its_configuration():
+    """Two probes of one configuration (the second a confirmation): one result scored by both, and their
+    difference is noise; the interval narrows with the steps behind the score."""
+    from dataclasses import replace
+
+    from autotune.storage.records import pooled
+
+    first = replace(_rec(1, [130.0]), user_attrs={"series": {"perf/throughput": [130.0]}, "candidate": {"a": 1}})
+    again = replace(_rec(2, [110.0]), user_attrs={"series": {"perf/throughput": [110.0]}, "candidate": {"a": 1}})
+    copy = replace(_rec(3, [130.0]), user_attrs={"series": {"perf/throughput": [130.0]}, "candidate": {"a": 1},
+                                                  "duplicate_of": 1})
+    base = replace(_rec(0, [100.0]), user_attrs={"series": {"perf/throughput": [100.0]}, "candidate": {"a": 0}})
+    (one, other) = sorted(pooled([first, again, copy, base]), key=lambda r: r.number)
+    assert one.number == 0 and other.number == 1
+    assert other.tokens_per_s_per_gpu == pytest.approx(math.sqrt(130.0 * 110.0))
+    assert [p["trial"] for p in other.user_attrs["repeats"]] == [1, 2]
+    noise = step_noise([first, again, copy, base])
+    assert noise["dof"] == 1 and noise["trials"] == [1]
+    assert noise["sigma_rel"] == pytest.approx(abs(math.log(130 / 110)) / math.sqrt(2))
+    wide = speedup_interval(first, base, noise)
+    narrow = speedup_interval(other, base, noise)
+    assert narrow[1] / narrow[0] < wide[1] / wide[0]
