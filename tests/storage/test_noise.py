@@ -18,7 +18,8 @@ def _rec(number, series, *, simulated=False, tps=None):
     return TrialRecord(number=number, optuna_state="COMPLETE", state="simulated" if simulated else "measured",
                        reason="", params={}, tokens_per_s_per_gpu=tps or sum(series) / len(series), mfu=None,
                        peak_mem_gib=None, baseline=number == 0, phase_s={},
-                       user_attrs={"series": {"perf/throughput": list(series)}, "simulated": simulated})
+                       user_attrs={"series": {"perf/throughput": list(series)}, "simulated": simulated,
+                                   "candidate": {"trial": number}})
 
 
 def test_the_pooled_noise_of_configurations_timed_more_than_once():
