@@ -160,10 +160,14 @@ class TruthRunner(ProbeRunner):
 
     name = "sim"
     simulated = True
+    deterministic = False  # a probe of the same configuration again draws new noise: confirmation applies
 
-    def __init__(self, evaluator: TruthEvaluator, seed: int) -> None:
+    def __init__(self, evaluator: TruthEvaluator, seed: int, probe_sigma: float = 0.0) -> None:
         self.ev = evaluator
         self._rng = random.Random(seed)
+        # one log-normal factor per probe on all its steps (issue 34: the same configuration on two H200s, 25%): what
+        # a repeat inside one probe does not see
+        self.probe_sigma = probe_sigma
 
     def probe(self, request: ProbeRequest, report) -> ProbeResult:
         _, mem, step = self.ev(request.candidate)
@@ -176,8 +180,9 @@ class TruthRunner(ProbeRunner):
         world = request.n_gpus * request.nodes
         fixed_s = step.step_s - sum(step.phase_s.values())
         series, phases, steps = [], [], []
+        slow = math.exp(self._rng.gauss(0.0, self.probe_sigma)) if self.probe_sigma else 1.0
         for i in range(1, request.warmup_steps + request.timed_steps + 1):
-            phase = {p: s * max(self._rng.gauss(1.0, NOISE_REL), 0.5) for p, s in step.phase_s.items()}
+            phase = {p: s * slow * max(self._rng.gauss(1.0, NOISE_REL), 0.5) for p, s in step.phase_s.items()}
             step_s = fixed_s + sum(phase.values())
             tokens_per_s = step.tokens_per_step / step_s / world
             if i <= request.warmup_steps:
@@ -197,11 +202,11 @@ class TruthRunner(ProbeRunner):
 class Machine:
     """One (truth, machine seed): its evaluator, a noisy probe and its noiseless truth."""
 
-    def __init__(self, job, truth: Truth, machine_seed: int, run_seed: int) -> None:
+    def __init__(self, job, truth: Truth, machine_seed: int, run_seed: int, probe_sigma: float = 0.0) -> None:
         self.job, self.truth_spec, self.seed = job, truth, run_seed
         self.model, self.gpu = get_model(job.model), get_gpu("H200")
         self.ev = TruthEvaluator(self.model, self.gpu, job.workload, job.gpus_per_node, job.nodes, truth, machine_seed)
-        self.runner = TruthRunner(self.ev, seed=run_seed)
+        self.runner = TruthRunner(self.ev, seed=run_seed, probe_sigma=probe_sigma)
 
     def truth(self, cand: Candidate, workload) -> float:
         rules, mem, step = self.ev(cand)

@@ -61,6 +61,11 @@ class ProbeRunner(ABC):
     name: ClassVar[str]
     simulated: ClassVar[bool] = False
 
+    @property
+    def deterministic(self) -> bool:
+        """Whether probing a configuration again gives the same score (the sim): nothing to confirm then."""
+        return self.simulated
+
     def unsupported(self, candidate: Candidate, workload: Workload) -> str | None:
         """Why this backend cannot measure `candidate` at all (checked before launch); None when it can."""
         return None

@@ -26,7 +26,7 @@ from autotune.model.host_memory import HOST_HEADROOM, estimate_host_memory
 from autotune.model.memory import estimate_memory
 from autotune.search.prescreen import MemoryGate, inferred_oom, known_fit, memory_ratio
 from autotune.search.sampler import make_pruner, make_sampler
-from autotune.search import groups, learned
+from autotune.search import confirm, groups, learned
 from autotune.search.equivalence import config_key
 from autotune.search.executor import Executor, Finished, InProcess, Launch, Report
 from autotune.search.outcomes import (copy_outcome, fail_run_folder, keep_probe_log, record_inferred_oom, record_outcome,
@@ -201,16 +201,24 @@ def baseline_waiting(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
 
 
 def ask_baseline_first(study: optuna.Study) -> optuna.Trial:
-    """`study.ask()`, except that a queued baseline is taken before anything queued ahead of it.
+    """`study.ask()`, except that a queued baseline, then a queued confirmation, is taken before anything queued
+    ahead of it.
 
     A retry of an interrupted trial 0 is queued behind the warm start that the first run queued, and a
     resumed run with a small --trials would end before reaching it (the report then had no measured
     baseline). This is Optuna's own ask (optuna/study/study.py: `_pop_waiting_trial_id` claims a WAITING
     trial by setting it RUNNING, then `Trial(study, trial_id)`), aimed at one trial; if another tuner
     claimed it first, the ordinary ask follows."""
-    waiting = baseline_waiting(study)
-    claimed = claim_waiting(study, waiting) if waiting is not None else None
-    return claimed or study.ask()
+    for waiting in (baseline_waiting(study), *confirm_waiting(study)):
+        claimed = claim_waiting(study, waiting) if waiting is not None else None
+        if claimed is not None:
+            return claimed
+    return study.ask()
+
+
+def confirm_waiting(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Queued confirmations (search/confirm.py), taken before anything the search queued."""
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)) if "confirms" in t.user_attrs]
 
 
 def claim_waiting(study: optuna.Study, waiting: optuna.trial.FrozenTrial) -> optuna.Trial | None:
@@ -279,15 +287,20 @@ def spent(study: optuna.Study, world_size: int) -> Spent:
     return Spent(probes=len(launched), gpu_hours=wall_s * world_size / 3600)
 
 
-def budget_left(cfg: TuneConfig, study: optuna.Study, started_s: float) -> str | None:
-    """None while the budget lasts, else which limit ended the search."""
+def budget_left(cfg: TuneConfig, study: optuna.Study, started_s: float, held: int = 0) -> str | None:
+    """None while the budget lasts, else which limit ended the search. `held` probes are kept back (the
+    confirmation's, search/confirm.py): their share of a GPU-hour or wall-time budget is what a probe has cost so
+    far."""
     b = cfg.budget
     used = spent(study, cfg.world_size)
-    if b.probes is not None and used.probes >= b.probes:
+    per_probe = used.gpu_hours / used.probes if used.probes else 0.0
+    elapsed_s = time.monotonic() - started_s
+    if b.probes is not None and used.probes >= b.probes - held:
         return f"probe budget reached ({used.probes} probes)"
-    if b.gpu_hours is not None and used.gpu_hours >= b.gpu_hours:
+    if b.gpu_hours is not None and used.gpu_hours >= b.gpu_hours - held * per_probe:
         return f"GPU-hour budget reached ({used.gpu_hours:.2f} GPU-hours)"
-    if b.wall_time_s is not None and time.monotonic() - started_s >= b.wall_time_s:
+    if b.wall_time_s is not None and elapsed_s >= b.wall_time_s - (held * elapsed_s / used.probes if used.probes
+                                                                   else 0.0):
         return f"wall-time budget reached ({b.wall_time_s:g} s)"
     return None
 
@@ -329,15 +342,24 @@ def _run_trials(ctx: StudyContext, study: optuna.Study, executor: Executor, on_t
     started_s = time.monotonic()
     running: dict[int, tuple[optuna.Trial, lease.Heartbeat]] = {}  # asked by this loop, outcome not yet stored
 
+    # the trials and probes kept for confirming the leaders (search/confirm.py) until the search has spent the rest
+    held = confirm_held(cfg, ctx.runner)
+
+    def target() -> int:
+        return cfg.trials - (0 if confirming() else held)
+
+    def confirming() -> bool:
+        return not held or confirm.CONFIRM_ATTR in study.user_attrs
+
     def wants_more() -> bool:
         # a queued baseline runs whatever --trials says: a report needs it (a retry after an interrupted trial 0)
-        return (finished_count(study) + executor.in_flight() < cfg.trials
+        return (finished_count(study) + executor.in_flight() < target()
                 or baseline_waiting(study) is not None)
 
     try:
         while True:
             interrupt.check()
-            stop = budget_left(cfg, study, started_s)
+            stop = budget_left(cfg, study, started_s, 0 if confirming() else held)
             while stop is None and executor.in_flight() < executor.capacity() and wants_more():
                 interrupt.check()
                 if fail_dead_local_trials(study):
@@ -355,8 +377,11 @@ def _run_trials(ctx: StudyContext, study: optuna.Study, executor: Executor, on_t
                     launches = [Launch(trial, *prepared)]
                     launches += _group_members(ctx, study, executor, launches[0], running, on_trial)
                     executor.submit_group(launches, [_reporter(ctx, study, la.trial) for la in launches])
-                stop = budget_left(cfg, study, started_s)
+                stop = budget_left(cfg, study, started_s, 0 if confirming() else held)
             if not executor.in_flight():
+                if not confirming():  # the search has spent its share: probe the leaders again, then go on
+                    confirm.enqueue(study, held)
+                    continue
                 if stop and finished_count(study) < cfg.trials:
                     study.set_user_attr("stopped_by", stop)
                 break
@@ -375,6 +400,15 @@ def _run_trials(ctx: StudyContext, study: optuna.Study, executor: Executor, on_t
             for _trial, beat in running.values():
                 beat.stop()
         raise
+
+
+def confirm_held(cfg: TuneConfig, runner: ProbeRunner) -> int:
+    """How many trials and probes the search keeps back for confirmation: search.confirm where the backend's probe
+    is noisy and the study is large enough to spare them (5 trials, and 5 probes of a probe budget, per one)."""
+    held = confirm.reserve(cfg.search.confirm, runner.deterministic)
+    if cfg.trials < 5 * held or (cfg.budget.probes is not None and cfg.budget.probes < 5 * held):
+        return 0
+    return held
 
 
 def group_size(cfg: TuneConfig, runner: ProbeRunner, executor: Executor) -> int:
@@ -399,7 +433,10 @@ def _group_members(ctx: StudyContext, study: optuna.Study, executor: Executor, l
     if room <= 0 or not ctx.runner.can_share(lead.request):
         return []
     req = lead.request
-    groups.enqueue_members(study, cfg, ctx.space, lead.trial, req.candidate, req.workload, room)
+    if "confirms" in lead.trial.user_attrs:  # a confirmation's launch measures the other queued confirmations
+        groups.adopt_members(study, lead.trial.number, req.candidate, confirm_waiting(study), room)
+    else:
+        groups.enqueue_members(study, cfg, ctx.space, lead.trial, req.candidate, req.workload, room)
     out = []
     for waiting in group_members_waiting(study, lead.trial.number):
         interrupt.check()
@@ -524,7 +561,8 @@ def prepare_trial(ctx: StudyContext, study: optuna.Study,
     if cfg.tune_workload:  # opted-in workload knobs: recorded even when equal to the user's value
         trial.set_user_attr("workload_tuned", {k: getattr(workload, k) for k in cfg.tune_workload})
 
-    duplicate = _find_duplicate(study, trial, separate_reference(workload))
+    duplicate = (None if "confirms" in trial.user_attrs  # a confirmation probes a measured configuration again
+                 else _find_duplicate(study, trial, separate_reference(workload)))
     if duplicate is not None:
         copy_outcome(study, trial, duplicate)
         return None

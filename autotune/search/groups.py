@@ -30,10 +30,11 @@ from autotune.spaces.space import SearchSpace
 from autotune.storage.records import TrialRecord, is_result
 from autotune.storage.tuning_cost import launch_overhead_s
 from autotune.verl.roles import separate_reference
-from autotune.verl.step_knobs import STEP_KNOBS
+from autotune.verl.step_knobs import STEP_KNOBS, restart_key
 from autotune.workload import Workload
 
 GROUP_ATTR = "launch_group"  # user attr: the trial number whose launch a member joins
+PLANNED_ATTR = "planned_candidate"  # user attr of a queued trial: the candidate it will be (a confirmation's)
 NOT_WORTH_ATTR = "members_not_worth_a_step"  # on a lead: untried per-step settings the GPU-time rule left out
 MAX_COMBINATIONS = 4096  # per-step values tried for one group (5 knobs, a handful of values each)
 
@@ -116,6 +117,24 @@ def spread(ranked: list[Scored], lead: Candidate, count: int, key: Callable[[Sco
             seen.add(value)
     rest = [s for s in ranked if s not in first]
     return sorted(first + rest[:count - len(first)], key=key, reverse=True)
+
+
+def adopt_members(study: optuna.Study, lead_number: int, lead: Candidate, waiting: list, count: int) -> int:
+    """Make up to `count` queued trials of `lead`'s restart key members of its launch (a confirmation's launch takes
+    the other queued confirmations, search/confirm.py); returns how many."""
+    storage = study._storage
+    key = restart_key(lead)
+    taken = 0
+    for t in waiting:
+        if taken >= count:
+            break
+        cand = t.user_attrs.get(PLANNED_ATTR)
+        if t.number == lead_number or GROUP_ATTR in t.user_attrs or cand is None:
+            continue
+        if restart_key(Candidate.from_params(cand)) == key:
+            storage.set_trial_user_attr(t._trial_id, GROUP_ATTR, lead_number)
+            taken += 1
+    return taken
 
 
 def enqueue_members(study: optuna.Study, cfg: TuneConfig, space: SearchSpace, lead_trial: optuna.Trial,

@@ -5,8 +5,8 @@ A configuration timed more than once (`probe: {timed_steps: 2}` or more, a share
 again at the launch's end, or a confirmation probe of a leader) shows how far one step of the same configuration moves. The pooled spread of those
 repeats (standard deviation of log tokens/s within a configuration) is the study's step noise; a score that is the
 mean of n steps carries noise/sqrt(n), and a ratio of two scores the root of the sum of their squares. The interval
-uses Student's t on the repeats' degrees of freedom: with one repeat it is honest and wide. Simulated trials are
-deterministic and never enter it.
+uses Student's t on the repeats' degrees of freedom: with one repeat it is honest and wide. A simulated study has
+no measurement noise (storage/results.py does not ask).
 """
 
 from __future__ import annotations
@@ -44,10 +44,10 @@ def steps_of(rec: TrialRecord) -> int:
 
 def step_noise(recs: list[TrialRecord]) -> dict | None:
     """The pooled standard deviation of log tokens/s of one step, over measured trials timed twice or more:
-    {"sigma_rel", "dof", "trials"} (each configuration's first trial); None when no configuration was timed twice (or the study is simulated)."""
+    {"sigma_rel", "dof", "trials"} (each configuration's first trial); None when no configuration was timed twice."""
     by_config: dict[str, tuple[int, list[float]]] = {}
     for r in sorted(recs, key=lambda r: r.number):
-        if r.feasible_measurement and not r.user_attrs.get("simulated") and "duplicate_of" not in r.user_attrs:
+        if r.feasible_measurement and "duplicate_of" not in r.user_attrs:
             first, logs = by_config.setdefault(configuration_key(r), (r.number, []))
             logs.extend(math.log(v) for v in timed_values(r))
     groups = [(n, logs) for n, logs in by_config.values() if len(logs) >= 2]

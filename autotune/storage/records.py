@@ -98,12 +98,17 @@ def best_records(study: optuna.Study, k: int = 5) -> list[TrialRecord]:
         front = {r.number for r in pareto_front(study)}
         measured = [r for r in measured if (r.number in front or r.user_attrs.get("repeats"))
                     and (r.peak_mem_gib or 0.0) <= capacity - margin]
+    base = baseline_record(study)
+    return rank(measured, (base.user_attrs.get("candidate") or base.params) if base else {})[:k]
+
+
+def rank(measured: list[TrialRecord], base_params: dict) -> list[TrialRecord]:
+    """Results fastest first, the export first among those tied with the fastest (tie_break)."""
     ranked = sorted(measured, key=lambda r: r.tokens_per_s_per_gpu, reverse=True)
     if ranked:
-        base = baseline_record(study)
-        pick = tie_break(tied_with_fastest(ranked), (base.user_attrs.get("candidate") or base.params) if base else {})
+        pick = tie_break(tied_with_fastest(ranked), base_params)
         ranked = [pick] + [r for r in ranked if r is not pick]
-    return ranked[:k]
+    return ranked
 
 
 def configuration_key(rec: TrialRecord) -> str:

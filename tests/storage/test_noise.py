@@ -33,7 +33,6 @@ def test_the_pooled_noise_of_configurations_timed_more_than_once():
 
 def test_no_noise_without_a_repeat_and_never_from_the_sim():
     assert step_noise([_rec(0, [100.0]), _rec(1, [120.0])]) is None
-    assert step_noise([_rec(0, [100.0, 130.0], simulated=True)]) is None
     assert "not measured" in describe(None, None, simulated=False)
     assert describe(None, None, simulated=True) == "simulated: no measurement noise"
 

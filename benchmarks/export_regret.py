@@ -1,0 +1,156 @@
+"""What the search would export, and how far its true value is from the best (issue 34): regret with noisy probes.
+
+On the search benchmark's simulated machines (benchmarks/truths.py), each search runs with a per-probe log-normal
+noise (sigma, on top of 3% per phase per step); after every launched probe k the configuration the study would
+export (storage/records.best_records' rule: pooled probes of a configuration, ties within 1% by headroom) is looked
+up and its TRUE value on the machine divided by the machine's exact optimum (benchmarks/optimum.py). Regret at k is
+1 minus that. Also the export's measured score over its true score at the end (how much the speedup shown to the
+user overstates). Methods: autotune with confirmation (search.confirm 2, the default), autotune without it
+(search.confirm 0), and the baselines (argmax of measured): tpe_rules, random.
+
+Machines: seeds MACHINE_OFFSET.. (default 60-69, the validation split: 0-2 were used in development, 50-59 by the
+issue's independent run; a test split 70-89 is left for one final run per change).
+
+    python benchmarks/export_regret.py --machines 10 --budget 40 --sigma 0.1 --workers 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import optuna
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import search_efficiency as se  # noqa: E402
+from optimum import exact_optimum  # noqa: E402
+from truths import TRUTH_BY_NAME, Machine  # noqa: E402
+
+import autotune.search.driver as driver  # noqa: E402
+from autotune.config import Budget, ProbeBudget, SearchOptions, TuneConfig  # noqa: E402
+from autotune.search.driver import run_study  # noqa: E402
+from autotune.spaces.candidate import Candidate  # noqa: E402
+from autotune.storage.records import TrialRecord, baseline_record, is_result, pooled, rank  # noqa: E402
+
+METHODS = ("autotune", "autotune_no_confirm", "tpe_rules", "random")
+CHECK_AT = (15, 40)
+
+
+def autotune_exports(machine: Machine, budget: int, search: SearchOptions) -> tuple[list[float], float]:
+    """True/optimum of the export after each launched probe, and measured/true of the final export."""
+    job = machine.job
+    cfg = TuneConfig(model=machine.model, gpu=machine.gpu, gpus_per_node=job.gpus_per_node, nodes=job.nodes,
+                     backend="sim", trials=100_000, storage_url="sqlite:///:memory:", study_name="bench",
+                     out_dir=Path("/nonexistent"), seed=machine.seed, workload=job.workload, fixed=se.FIXED,
+                     ranges=job.ranges, tune_workload=(), probe=ProbeBudget(), search=search,
+                     budget=Budget(probes=budget))
+    original, driver.open_storage = driver.open_storage, se._in_memory_storage
+    try:
+        study = run_study(cfg, machine.runner)
+    finally:
+        driver.open_storage = original
+    trials = study.get_trials(deepcopy=False)
+    base = baseline_record(study)
+    base_params = (base.user_attrs.get("candidate") or base.params) if base else {}
+    launched = [t.number for t in trials if t.user_attrs.get("launched")]
+    values, last = [], None
+    for k_last in launched:
+        results = [TrialRecord.of(t) for t in trials if t.number <= k_last and is_result(t)]
+        ranked = rank(pooled(results), base_params)
+        last = ranked[0] if ranked else None
+        values.append(machine.truth(Candidate.from_params(last.user_attrs["candidate"]), job.workload) if last else 0.0)
+    overstated = last.tokens_per_s_per_gpu / values[-1] if last and values[-1] else float("nan")
+    return values, overstated
+
+
+def argmax_exports(machine: Machine, space, budget: int, method: str, seed: int) -> tuple[list[float], float]:
+    """A baseline's export is its highest measured probe."""
+    sampler = (optuna.samplers.RandomSampler(seed=seed) if method == "random" else None)
+    if method == "tpe_rules":
+        trace = se.run_autotune(machine, budget, se.SEARCH["tpe_rules"])
+    else:
+        trace = se.run_optuna_plain(machine, space, budget, sampler)
+    return trace.best_true, float("nan")
+
+
+def run_unit(unit: tuple) -> list[dict]:
+    job_name, truth_name, machine_seed, seeds, budget, sigma, methods = unit
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    job, truth = se.JOB_BY_NAME[job_name], TRUTH_BY_NAME[truth_name]
+    space = se.space_of(job)
+    probe_machine = Machine(job, truth, machine_seed, run_seed=machine_seed)
+    opt = exact_optimum(probe_machine.model, probe_machine.gpu, job.workload, space, gpus_per_node=job.gpus_per_node,
+                        nodes=job.nodes, evaluator=probe_machine.ev)
+    if opt is None:
+        return []
+    rows = []
+    for seed in seeds:
+        for method in methods:
+            machine = Machine(job, truth, machine_seed, run_seed=seed, probe_sigma=sigma)
+            started = time.time()
+            if method.startswith("autotune"):
+                search = SearchOptions(confirm=0) if method == "autotune_no_confirm" else SearchOptions()
+                values, overstated = autotune_exports(machine, budget, search)
+            else:
+                values, overstated = argmax_exports(machine, space, budget, method, seed)
+            rows.append(dict(job=job_name, truth=truth_name, machine=machine_seed, seed=seed, method=method,
+                             sigma=sigma, optimum=opt.tokens_per_s_per_gpu,
+                             share=[v / opt.tokens_per_s_per_gpu for v in values], overstated=overstated,
+                             seconds=round(time.time() - started, 1)))
+    print(f"  {job_name} {truth_name} machine {machine_seed} sigma {sigma} done", file=sys.stderr, flush=True)
+    return rows
+
+
+def regret_at(row: dict, k: int) -> float:
+    share = row["share"]
+    return 1.0 - (share[min(k, len(share)) - 1] if share else 0.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--job", default="qwen2.5-7b-x8", choices=list(se.JOB_BY_NAME))
+    parser.add_argument("--truth", default="layout_sigma0.15", choices=list(TRUTH_BY_NAME))
+    parser.add_argument("--machines", type=int, default=10)
+    parser.add_argument("--machine-offset", type=int, default=60)
+    parser.add_argument("--budget", type=int, default=40)
+    parser.add_argument("--sigma", type=float, nargs="*", default=[0.0, 0.1])
+    parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--workers", type=int, default=1)
+    args = parser.parse_args(argv)
+    units = [(args.job, args.truth, args.machine_offset + m, (m,), args.budget, sigma, tuple(args.methods))
+             for sigma in args.sigma for m in range(args.machines)]
+    started = time.time()
+    rows: list[dict] = []
+    if args.workers > 1:
+        with multiprocessing.get_context("fork").Pool(args.workers) as pool:
+            for part in pool.imap_unordered(run_unit, units):
+                rows.extend(part)
+    else:
+        for unit in units:
+            rows.extend(run_unit(unit))
+    print(f"# python benchmarks/export_regret.py {' '.join(sys.argv[1:] if argv is None else argv)}  "
+          f"({time.time() - started:.0f} s)")
+    print(f"\n{args.job}, truth {args.truth}, machines {args.machine_offset}-{args.machine_offset + args.machines - 1} "
+          f"(one search each), budget {args.budget} launched probes\n")
+    print("| noise sigma | method | mean regret @15 | mean regret @40 | export measured/true (median) | searches |")
+    print("|---|---|---|---|---|---|")
+    for sigma in args.sigma:
+        for method in args.methods:
+            runs = [r for r in rows if r["sigma"] == sigma and r["method"] == method]
+            if not runs:
+                continue
+            cells = [f"{100 * statistics.fmean(regret_at(r, k) for r in runs):.1f}%" if k <= args.budget else "-"
+                     for k in CHECK_AT]
+            over = [r["overstated"] for r in runs if r["overstated"] == r["overstated"]]
+            print(f"| {sigma} | {method} | {' | '.join(cells)} | "
+                  f"{statistics.median(over):.3f} | {len(runs)} |" if over else
+                  f"| {sigma} | {method} | {' | '.join(cells)} | - | {len(runs)} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
