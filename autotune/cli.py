@@ -473,7 +473,7 @@ def status_line(doc: dict, target: int, done: int) -> str:
         if doc.get("speedup_vs_baseline"):
             from autotune.storage.noise import describe as noise_clause
             text += (f", x{doc['speedup_vs_baseline']:.2f} vs {doc['baseline_is']} (trial {doc['baseline']['trial']}; "
-                     f"{noise_clause(doc.get('step_noise'), doc.get('speedup_vs_baseline_interval'), simulated=doc['simulated'])})")
+                     f"{noise_clause(doc.get('noise'), doc.get('speedup_vs_baseline_interval'), simulated=doc['simulated'])})")
         if doc.get("speedup_vs_verl_default"):
             text += f", x{doc['speedup_vs_verl_default']:.2f} vs verl default (trial {doc['verl_default']['trial']})"
         if doc.get("tied_with_best"):

@@ -5,9 +5,9 @@ A search that takes the highest of many noisy measurements exports a lucky one: 
 machines with a per-probe noise of sigma 0.1, the exported configuration's measured score overstated its true
 score by 1.18x on median, and it was more than 1% below the best configuration probed in 14/20 searches (issue
 34). The study reserves `search.confirm` of its trials and probes for this; once the search part has spent the
-rest, the configurations whose score is within the noise band of the fastest (95%, from the study's measured step
-noise, else DEFAULT_STEP_NOISE) are enqueued again, the fastest first. Their probes pool with the first ones
-(storage/records.pooled), and the noise estimate learns from them (storage/noise.py). A backend whose probe is
+rest, the configurations whose score is within the noise band of the fastest (95%, from the study's measured noise
+between probes, else at least DEFAULT_STEP_NOISE) are enqueued again, the fastest first. Their probes pool with the first ones
+(storage/records.pooled), and the noise between probes is measured by them (storage/noise.py). A backend whose probe is
 deterministic (the sim) has nothing to confirm.
 """
 
@@ -18,7 +18,7 @@ import math
 import optuna
 
 from autotune.search.groups import PLANNED_ATTR
-from autotune.storage.noise import steps_of, step_noise
+from autotune.storage.noise import measured_noise, probes_of
 from autotune.storage.records import best_records, records
 
 CONFIRM_ATTR = "confirm_enqueued"  # study attribute: the trial numbers the confirmation enqueued (set once)
@@ -35,20 +35,18 @@ def reserve(confirm: int, deterministic: bool) -> int:
 
 def leaders(study: optuna.Study, k: int) -> list:
     """Up to k configurations to probe again: the fastest and those within the noise band of it (a ratio below
-    exp(1.96 sigma sqrt(1/n_best + 1/n))), as pooled records; none when no other is within the band."""
+    exp(1.96 sigma sqrt(1/n_best + 1/n)) over the probes behind each), as pooled records; none when no other is within the band."""
     ranked = best_records(study, k=len(study.trials))
     if k < 2 or len(ranked) < 2:
         return []
-    noise = step_noise(records(study))
-    if noise is None:
-        sigma = DEFAULT_STEP_NOISE
-    elif noise["dof"] < 2:  # one repeat says little: never narrower than the default
-        sigma = max(noise["sigma_rel"], DEFAULT_STEP_NOISE)
-    else:
+    noise = measured_noise(records(study))
+    if noise is not None and noise["between_probes"] and noise["dof"] >= 2:
         sigma = noise["sigma_rel"]
+    else:  # steps inside one probe, or a single repeat, are a floor of what a new probe moves
+        sigma = max(noise["sigma_rel"] if noise else 0.0, DEFAULT_STEP_NOISE)
     best = ranked[0]
     close = [r for r in ranked[1:] if math.log(best.tokens_per_s_per_gpu / r.tokens_per_s_per_gpu)
-             <= Z95 * sigma * math.sqrt(1 / steps_of(best) + 1 / steps_of(r))]
+             <= Z95 * sigma * math.sqrt(1 / probes_of(best) + 1 / probes_of(r))]
     return [best] + close[:k - 1] if close else []
 
 

@@ -1,12 +1,14 @@
-"""How noisy one timed step is on this node, measured from the study's own repeats, and the interval that noise puts
-on a speedup (issue 34).
+"""How noisy a measured score is on this node, measured from the study's own repeats, and the interval that noise
+puts on a speedup (issue 34).
 
-A configuration timed more than once (`probe: {timed_steps: 2}` or more, a shared launch's first configuration timed
-again at the launch's end, or a confirmation probe of a leader) shows how far one step of the same configuration moves. The pooled spread of those
-repeats (standard deviation of log tokens/s within a configuration) is the study's step noise; a score that is the
-mean of n steps carries noise/sqrt(n), and a ratio of two scores the root of the sum of their squares. The interval
-uses Student's t on the repeats' degrees of freedom: with one repeat it is honest and wide. A simulated study has
-no measurement noise (storage/results.py does not ask).
+Two kinds of repeat show it. Steps of one probe (`probe: {timed_steps: 2}` or more, or a shared launch's first
+configuration timed again at the launch's end) show how far one step moves inside a launch. Probes of one
+configuration (a confirmation of a leader, search/confirm.py) show how far a whole probe moves: a new launch, other
+clocks, another state of the node, which the steps of one probe share and cannot show (the same configuration moved
+18% inside one H200 launch and 25% between two H200s, 2026-12-03/05). Each is the pooled standard deviation of log
+tokens/s within a configuration; a score's noise is the larger of the two, and it shrinks with the probes behind
+the score, not with the steps inside one. The interval uses Student's t on the repeats' degrees of freedom: with
+one repeat it is honest and wide. A simulated study has no measurement noise (storage/results.py does not ask).
 """
 
 from __future__ import annotations
@@ -36,34 +38,42 @@ def timed_values(rec: TrialRecord) -> list[float]:
     return [v for v in (rec.user_attrs.get("series") or {}).get("perf/throughput") or () if v and v > 0]
 
 
-def steps_of(rec: TrialRecord) -> int:
-    """The timed steps behind a score: every probe's, for a configuration probed more than once."""
-    repeats = rec.user_attrs.get("repeats")
-    return sum(p["steps"] for p in repeats) if repeats else max(len(timed_values(rec)), 1)
+def probes_of(rec: TrialRecord) -> int:
+    """The probes behind a score: more than one for a configuration probed again (storage/records.pooled)."""
+    return len(rec.user_attrs.get("repeats") or ()) or 1
 
 
-def step_noise(recs: list[TrialRecord]) -> dict | None:
-    """The pooled standard deviation of log tokens/s of one step, over measured trials timed twice or more:
-    {"sigma_rel", "dof", "trials"} (each configuration's first trial); None when no configuration was timed twice."""
-    by_config: dict[str, tuple[int, list[float]]] = {}
-    for r in sorted(recs, key=lambda r: r.number):
-        if r.feasible_measurement and "duplicate_of" not in r.user_attrs:
-            first, logs = by_config.setdefault(configuration_key(r), (r.number, []))
-            logs.extend(math.log(v) for v in timed_values(r))
-    groups = [(n, logs) for n, logs in by_config.values() if len(logs) >= 2]
-    dof = sum(len(logs) - 1 for _, logs in groups)
+def _pooled_sd(groups: list[list[float]]) -> tuple[float, int]:
+    groups = [g for g in groups if len(g) >= 2]
+    dof = sum(len(g) - 1 for g in groups)
     if not dof:
+        return 0.0, 0
+    return math.sqrt(sum(sum((x - statistics.fmean(g)) ** 2 for x in g) for g in groups) / dof), dof
+
+
+def measured_noise(recs: list[TrialRecord]) -> dict | None:
+    """The noise of one probe's score on this node: {"sigma_rel", "dof", "between_probes", "trials"}, where
+    between_probes says whether probes of one configuration were repeated (else only steps inside a probe were, and
+    the figure is a floor), trials the first trial of each repeated configuration; None when nothing was repeated."""
+    mine = sorted((r for r in recs if r.feasible_measurement and "duplicate_of" not in r.user_attrs),
+                  key=lambda r: r.number)
+    steps = _pooled_sd([[math.log(v) for v in timed_values(r)] for r in mine])
+    by_config: dict[str, list[TrialRecord]] = {}
+    for r in mine:
+        by_config.setdefault(configuration_key(r), []).append(r)
+    probes = _pooled_sd([[math.log(r.tokens_per_s_per_gpu) for r in rs] for rs in by_config.values()])
+    if not steps[1] and not probes[1]:
         return None
-    squares = sum(sum((x - statistics.fmean(logs)) ** 2 for x in logs) for _, logs in groups)
-    return {"sigma_rel": math.sqrt(squares / dof), "dof": dof, "trials": [n for n, _ in groups]}
+    sigma, dof = max(steps, probes)
+    repeated = [rs[0].number for rs in by_config.values() if len(rs) >= 2 or len(timed_values(rs[0])) >= 2]
+    return {"sigma_rel": sigma, "dof": dof, "between_probes": probes[1] > 0, "trials": repeated}
 
 
 def speedup_interval(best: TrialRecord, base: TrialRecord, noise: dict | None) -> tuple[float, float] | None:
-    """The 95% interval of best/base given each one's number of timed steps and the study's step noise."""
+    """The 95% interval of best/base given the probes behind each score and the study's measured noise."""
     if noise is None or not best.tokens_per_s_per_gpu or not base.tokens_per_s_per_gpu:
         return None
-    n_best, n_base = steps_of(best), steps_of(base)
-    half = t95(noise["dof"]) * noise["sigma_rel"] * math.sqrt(1 / n_best + 1 / n_base)
+    half = t95(noise["dof"]) * noise["sigma_rel"] * math.sqrt(1 / probes_of(best) + 1 / probes_of(base))
     ratio = best.tokens_per_s_per_gpu / base.tokens_per_s_per_gpu
     return ratio * math.exp(-half), ratio * math.exp(half)
 
@@ -73,9 +83,11 @@ def describe(noise: dict | None, interval: list[float] | None, *, simulated: boo
     if simulated:
         return "simulated: no measurement noise"
     if noise is None:
-        return "step noise not measured (no configuration was timed twice; `probe: {timed_steps: 2}` measures it)"
+        return ("noise not measured (nothing was timed twice; `probe: {timed_steps: 2}` or `search: {confirm: 2}` "
+                "measures it)")
     text = (f"{100 * LEVEL:.0f}% interval x{interval[0]:.2f}-x{interval[1]:.2f}, " if interval else "")
-    text += f"one step's noise {100 * noise['sigma_rel']:.0f}% from {noise['dof']} repeat(s)"
+    where = "probes repeated" if noise["between_probes"] else "steps repeated inside a probe, a floor"
+    text += f"noise {100 * noise['sigma_rel']:.0f}% from {noise['dof']} repeat(s) ({where})"
     if interval and interval[0] <= 1.0:
         text += "; within the noise: not shown to be faster"
     return text
