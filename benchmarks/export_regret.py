@@ -2,7 +2,8 @@
 
 On the search benchmark's simulated machines (benchmarks/truths.py), each search runs with a per-probe log-normal
 noise (sigma, on top of 3% per phase per step); after every launched probe k the configuration the study would
-export (storage/records.best_records' rule: pooled probes of a configuration, ties within 1% by headroom) is looked
+export (storage/records.best_records' rule: pooled probes of a configuration, ranked by the corrected model's posterior
+where probes are noisy, ties within 1% by headroom) is looked
 up and its TRUE value on the machine divided by the machine's exact optimum (benchmarks/optimum.py). Regret at k is
 1 minus that. Also the export's measured score over its true score at the end (how much the speedup shown to the
 user overstates). Methods: autotune with confirmation (search.confirm 2, the default), autotune without it
@@ -32,7 +33,9 @@ from truths import TRUTH_BY_NAME, Machine  # noqa: E402
 
 import autotune.search.driver as driver  # noqa: E402
 from autotune.config import Budget, ProbeBudget, SearchOptions, TuneConfig  # noqa: E402
+from autotune.search import posterior  # noqa: E402
 from autotune.search.driver import run_study  # noqa: E402
+from autotune.search.learned import NOISY_ATTR  # noqa: E402
 from autotune.spaces.candidate import Candidate  # noqa: E402
 from autotune.storage.records import TrialRecord, baseline_record, is_result, pooled, rank  # noqa: E402
 
@@ -58,9 +61,13 @@ def autotune_exports(machine: Machine, budget: int, search: SearchOptions) -> tu
     base_params = (base.user_attrs.get("candidate") or base.params) if base else {}
     launched = [t.number for t in trials if t.user_attrs.get("launched")]
     values, last = [], None
+    noisy = study.user_attrs.get(NOISY_ATTR) and search.learn
     for k_last in launched:
-        results = [TrialRecord.of(t) for t in trials if t.number <= k_last and is_result(t)]
-        ranked = rank(pooled(results), base_params)
+        prefix = [t for t in trials if t.number <= k_last]
+        results = [TrialRecord.of(t) for t in prefix if is_result(t)]
+        # what the study would export had it stopped here: its posterior ranking from these probes alone
+        post = posterior.scores(prefix, cfg, posterior.model_of(prefix, cfg, study)) if noisy else None
+        ranked = rank(pooled(results), base_params, post)
         last = ranked[0] if ranked else None
         values.append(machine.truth(Candidate.from_params(last.user_attrs["candidate"]), job.workload) if last else 0.0)
     overstated = last.tokens_per_s_per_gpu / values[-1] if last and values[-1] else float("nan")

@@ -6,7 +6,7 @@ machines with a per-probe noise of sigma 0.1, the exported configuration's measu
 score by 1.18x on median, and it was more than 1% below the best configuration probed in 14/20 searches (issue
 34). The study reserves `search.confirm` of its trials and probes for this; once the search part has spent the
 rest, the configurations whose score is within the noise band of the fastest (95%, from the study's measured noise
-between probes, else at least DEFAULT_STEP_NOISE) are enqueued again, the fastest first. Their probes pool with the first ones
+between probes, else at least storage/noise.UNMEASURED_PROBE_NOISE) are enqueued again, the fastest first. Their probes pool with the first ones
 (storage/records.pooled), and the noise between probes is measured by them (storage/noise.py). A backend whose probe is
 deterministic (the sim) has nothing to confirm.
 """
@@ -18,13 +18,10 @@ import math
 import optuna
 
 from autotune.search.groups import PLANNED_ATTR
-from autotune.storage.noise import measured_noise, probes_of
+from autotune.storage.noise import UNMEASURED_PROBE_NOISE, measured_noise, probes_of
 from autotune.storage.records import best_records, records
 
 CONFIRM_ATTR = "confirm_enqueued"  # study attribute: the trial numbers the confirmation enqueued (set once)
-# one step's relative noise where the study has measured none: the same configuration moved 18% inside one H200
-# launch (sd of logs 0.13) and 25% between two H200s (2026-12-03/05); the benchmark's noisy machines use 0.10
-DEFAULT_STEP_NOISE = 0.10
 Z95 = 1.96
 
 
@@ -43,7 +40,7 @@ def leaders(study: optuna.Study, k: int) -> list:
     if noise is not None and noise["between_probes"] and noise["dof"] >= 2:
         sigma = noise["sigma_rel"]
     else:  # steps inside one probe, or a single repeat, are a floor of what a new probe moves
-        sigma = max(noise["sigma_rel"] if noise else 0.0, DEFAULT_STEP_NOISE)
+        sigma = max(noise["sigma_rel"] if noise else 0.0, UNMEASURED_PROBE_NOISE)
     best = ranked[0]
     close = [r for r in ranked[1:] if math.log(best.tokens_per_s_per_gpu / r.tokens_per_s_per_gpu)
              <= Z95 * sigma * math.sqrt(1 / probes_of(best) + 1 / probes_of(r))]

@@ -26,7 +26,7 @@ from autotune.model.host_memory import HOST_HEADROOM, estimate_host_memory
 from autotune.model.memory import estimate_memory
 from autotune.search.prescreen import MemoryGate, inferred_oom, known_fit, memory_ratio
 from autotune.search.sampler import make_pruner, make_sampler
-from autotune.search import confirm, groups, learned
+from autotune.search import confirm, groups, learned, posterior
 from autotune.search.equivalence import config_key
 from autotune.search.executor import Executor, Finished, InProcess, Launch, Report
 from autotune.search.outcomes import (copy_outcome, fail_run_folder, keep_probe_log, record_inferred_oom, record_outcome,
@@ -328,6 +328,7 @@ def run_study(cfg: TuneConfig, runner: ProbeRunner, *, executor: Executor | None
     cfg = fit_to_runner(cfg, runner)
     executor = executor or InProcess(runner)
     space, study = start_study(cfg)
+    study.set_user_attr(learned.NOISY_ATTR, not runner.deterministic)  # the search's noise term and the export's rank
     if on_start:
         on_start(study)
     ctx = StudyContext(cfg=cfg, space=space, runner=runner, on_step=on_step)
@@ -387,6 +388,7 @@ def _run_trials(ctx: StudyContext, study: optuna.Study, executor: Executor, on_t
                 break
             for done in executor.wait():
                 _store_outcome(study, done)
+                posterior.store(study, cfg)  # before the trial's end is reported: the summary ranks by it
                 _end_trial(study, done.launch.trial, running, on_trial)
     except BaseException as exc:
         try:

@@ -55,7 +55,8 @@ from autotune.verl.rules import check
 from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import SearchSpace
 from autotune.storage.node_profile import PROFILE_ATTR
-from autotune.storage.records import best_records, is_result
+from autotune.storage.noise import UNMEASURED_PROBE_NOISE, measured_noise
+from autotune.storage.records import TrialRecord, best_records, is_result, records
 from autotune.workload import Workload
 
 ROLLOUT = ("rollout_tp", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill")
@@ -101,6 +102,7 @@ _DEFAULT_LEVELS = (((), _ALL), (LAYOUT, 0.15), (ROLLOUT, 0.15))
 # phase (log 1.25 = 0.22), which the profile's spread over one job's configurations does not show
 PROFILE_MIN_SCALE = 0.2
 NOISE_REL = 0.05  # run-to-run spread of a phase's median time (the sim plays 3% per step)
+NOISY_ATTR = "noisy_probes"  # study attribute: the backend's probes are noisy (ProbeRunner.deterministic is False)
 # two improve picks per exploit or refine pick; one slot in twelve is left to TPE (the first after the warm start
 # and 11 proposals), so a truth the kernel cannot express still gets other probes without spending the early ones
 CYCLE = ("improve", "improve", "exploit", "improve", "improve", "refine", "improve", "improve", "exploit",
@@ -112,7 +114,7 @@ CYCLE_ATTR = "learned_cycle"
 class PhaseGP:
     """GP regression of one phase's log residual on exact-match group kernels."""
 
-    def __init__(self, levels: tuple, keys: list[dict], y: np.ndarray) -> None:
+    def __init__(self, levels: tuple, keys: list[dict], y: np.ndarray, noise_rel: float = NOISE_REL) -> None:
         self.levels = levels
         self.n = len(y)
         self.var0 = sum(s * s for _, s in levels)
@@ -126,7 +128,7 @@ class PhaseGP:
             self.index.append({g: np.array(ix) for g, ix in groups.items()})
             for ix in groups.values():
                 K[np.ix_(ix, ix)] += scale * scale
-        K[np.diag_indices(self.n)] += NOISE_REL ** 2
+        K[np.diag_indices(self.n)] += noise_rel ** 2
         self.K_inv = np.linalg.inv(K)
         self.alpha = self.K_inv @ y
 
@@ -194,11 +196,11 @@ class CorrectedModel:
     """The cost model times each phase's learned residual, with its uncertainty."""
 
     def __init__(self, cfg: TuneConfig, observations: list[tuple[dict, dict, dict, float | None]],
-                 profile: Mapping | None = None) -> None:
+                 profile: Mapping | None = None, noise_rel: float = NOISE_REL) -> None:
         """observations: (canonical params, predicted phase_s, measured phase_s, measured other seconds);
         profile: the node profile the study started from (search/node_prior.py), whose per-phase median residual
         is each phase's prior mean, with a whole-phase prior as wide as the node's spread (at least
-        PROFILE_MIN_SCALE) instead of _ALL."""
+        PROFILE_MIN_SCALE) instead of _ALL; noise_rel: a probe's noise in each phase's log time (gp_noise_rel)."""
         self.cfg = cfg
         self.n = len(observations)
         self.gps: dict[str, PhaseGP] = {}
@@ -212,7 +214,7 @@ class CorrectedModel:
                     if pred.get(phase, 0) > 0 and meas.get(phase, 0) > 0]
             levels = PHASE_LEVELS.get(phase, _DEFAULT_LEVELS)
             levels = ((levels[0][0], scale0),) + tuple(levels[1:])
-            self.gps[phase] = PhaseGP(levels, [r[0] for r in rows], np.array([r[1] for r in rows]))
+            self.gps[phase] = PhaseGP(levels, [r[0] for r in rows], np.array([r[1] for r in rows]), noise_rel)
         others = [o for *_, o in observations if o is not None and o >= 0]
         # what the step spends outside the timed phases: measured by this study's probes, else by the node's
         # profile, else the model's constant
@@ -231,22 +233,9 @@ class CorrectedModel:
 
     @classmethod
     def from_study(cls, study: optuna.Study, cfg: TuneConfig) -> "CorrectedModel":
-        obs = []
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            if t.user_attrs.get("state") not in ("measured", "simulated") or "candidate" not in t.user_attrs:
-                continue
-            if t.user_attrs.get("duplicate_of") is not None:
-                continue  # its measurement is already there once
-            measured = t.user_attrs.get("phase_s") or {}
-            if not measured:
-                continue
-            cand = Candidate.from_params(t.user_attrs["candidate"])
-            base = base_prediction(cfg, cand, _workload(cfg, t.user_attrs))
-            step_s = t.user_attrs.get("step_s")
-            other = step_s - sum(measured.values()) if step_s else None
-            obs.append((canonical_params(cand.as_params(), separate_reference(cfg.workload)), base.phase_s, measured, other))
         profile = study.user_attrs.get(PROFILE_ATTR)
-        return cls(cfg, obs, profile if profile and not profile.get("none") else None)
+        return cls(cfg, observations(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), cfg),
+                   profile if profile and not profile.get("none") else None, gp_noise_rel(study))
 
     def log_time(self, params: Mapping, base: Base, phases: frozenset | None = None,
                  other: bool = True) -> tuple[float, float]:
@@ -271,6 +260,41 @@ class CorrectedModel:
         for phase, seconds in base.phase_s.items():
             median += seconds * math.exp(self.phase_residual(phase, params)[0])
         return median
+
+
+def observations(trials: list[FrozenTrial], cfg: TuneConfig) -> list[tuple[dict, dict, dict, float | None]]:
+    """(canonical params, predicted phase_s, measured phase_s, measured other seconds) of each measured trial."""
+    obs = []
+    for t in trials:
+        if t.state != TrialState.COMPLETE:
+            continue
+        if t.user_attrs.get("state") not in ("measured", "simulated") or "candidate" not in t.user_attrs:
+            continue
+        if t.user_attrs.get("duplicate_of") is not None:
+            continue  # its measurement is already there once
+        measured = t.user_attrs.get("phase_s") or {}
+        if not measured:
+            continue
+        cand = Candidate.from_params(t.user_attrs["candidate"])
+        base = base_prediction(cfg, cand, _workload(cfg, t.user_attrs))
+        step_s = t.user_attrs.get("step_s")
+        other = step_s - sum(measured.values()) if step_s else None
+        obs.append((canonical_params(cand.as_params(), separate_reference(cfg.workload)), base.phase_s, measured, other))
+    return obs
+
+
+def gp_noise_rel(study: optuna.Study, trials: list[FrozenTrial] | None = None) -> float:
+    """A probe's noise in each phase's log time: NOISE_REL for a deterministic backend; where probes are noisy, the
+    measured noise between probes of `trials` (default the study's; storage/noise.py), and until two repeats
+    measured it, at least UNMEASURED_PROBE_NOISE. A probe's slow or fast launch moves every phase of it alike
+    (issue 34)."""
+    if not study.user_attrs.get(NOISY_ATTR):
+        return NOISE_REL
+    recs = records(study) if trials is None else [TrialRecord.of(t) for t in trials]
+    noise = measured_noise(recs)
+    if noise is not None and noise["between_probes"] and noise["dof"] >= 2:
+        return max(NOISE_REL, noise["sigma_rel"])
+    return max(NOISE_REL, UNMEASURED_PROBE_NOISE, noise["sigma_rel"] if noise else 0.0)
 
 
 def _workload(cfg: TuneConfig, attrs: Mapping) -> Workload:

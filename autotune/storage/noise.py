@@ -19,6 +19,9 @@ import statistics
 from autotune.storage.records import TrialRecord, configuration_key
 
 LEVEL = 0.95
+# a probe's noise on real hardware where the study has not measured it: the same configuration moved 18% inside one
+# H200 launch (sd of logs 0.13) and 25% between two H200s (2026-12-03/05); the search benchmark's noisy machines 0.10
+UNMEASURED_PROBE_NOISE = 0.10
 # Student's t, two-sided 95%, by degrees of freedom (any statistics table; e.g. NIST/SEMATECH e-Handbook 1.3.6.7.2)
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042, 60: 2.000}

@@ -18,6 +18,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 CONSTRAINT_KEYS = ("rules", "memory")
+# study attribute: {trial number: posterior tokens/s/GPU} of each measured configuration where probes are noisy
+POSTERIOR_ATTR = "posterior_tokens_per_s_per_gpu"
 MEASURED_STATES = ("measured", "simulated")
 
 
@@ -99,16 +101,27 @@ def best_records(study: optuna.Study, k: int = 5) -> list[TrialRecord]:
         measured = [r for r in measured if (r.number in front or r.user_attrs.get("repeats"))
                     and (r.peak_mem_gib or 0.0) <= capacity - margin]
     base = baseline_record(study)
-    return rank(measured, (base.user_attrs.get("candidate") or base.params) if base else {})[:k]
+    return rank(measured, (base.user_attrs.get("candidate") or base.params) if base else {},
+                study.user_attrs.get(POSTERIOR_ATTR))[:k]
 
 
-def rank(measured: list[TrialRecord], base_params: dict) -> list[TrialRecord]:
-    """Results fastest first, the export first among those tied with the fastest (tie_break)."""
-    ranked = sorted(measured, key=lambda r: r.tokens_per_s_per_gpu, reverse=True)
+def rank(measured: list[TrialRecord], base_params: dict, posterior: dict | None = None) -> list[TrialRecord]:
+    """Results fastest first, the export first among those tied with the fastest (tie_break). Where the study's
+    probes are noisy and every result has a posterior throughput (search/posterior.py), by that instead of its
+    measured score."""
+    if posterior and all(str(r.number) in posterior for r in measured):
+        measured = [replace(r, user_attrs={**r.user_attrs, POSTERIOR_ATTR: posterior[str(r.number)]})
+                    for r in measured]
+    ranked = sorted(measured, key=ranking_score, reverse=True)
     if ranked:
         pick = tie_break(tied_with_fastest(ranked), base_params)
         ranked = [pick] + [r for r in ranked if r is not pick]
     return ranked
+
+
+def ranking_score(rec: TrialRecord) -> float:
+    """What the export ranks by: the posterior throughput where the study has one, else the measured score."""
+    return rec.user_attrs.get(POSTERIOR_ATTR) or rec.tokens_per_s_per_gpu
 
 
 def configuration_key(rec: TrialRecord) -> str:
@@ -149,9 +162,9 @@ TIE_FRACTION = 0.01
 
 
 def tied_with_fastest(ranked: list[TrialRecord]) -> list[TrialRecord]:
-    """The results, fastest first, within TIE_FRACTION of the fastest."""
-    floor = ranked[0].tokens_per_s_per_gpu * (1 - TIE_FRACTION)
-    return [r for r in ranked if r.tokens_per_s_per_gpu >= floor]
+    """The results, fastest first (by ranking_score), within TIE_FRACTION of the fastest."""
+    floor = ranking_score(ranked[0]) * (1 - TIE_FRACTION)
+    return [r for r in ranked if ranking_score(r) >= floor]
 
 
 def tie_break(tied: list[TrialRecord], base_params: dict) -> TrialRecord:
@@ -161,7 +174,7 @@ def tie_break(tied: list[TrialRecord], base_params: dict) -> TrialRecord:
 
     def key(r: TrialRecord):
         changed = len(knob_changes(base_params, r.user_attrs.get("candidate") or r.params)) if base_params else 0
-        return (r.peak_mem_gib if r.peak_mem_gib is not None else float("inf"), changed, -r.tokens_per_s_per_gpu,
+        return (r.peak_mem_gib if r.peak_mem_gib is not None else float("inf"), changed, -ranking_score(r),
                 r.number)
 
     return min(tied, key=key)

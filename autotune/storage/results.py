@@ -18,8 +18,9 @@ from autotune.storage.tuning_cost import payback, planned_steps, tuning_cost
 from autotune.verl.engines import holds
 from autotune.verl.export import (edited_by_hand, export_header, model_engine, set_aside, verl_overrides,
                                   write_best_yaml)
-from autotune.storage.records import (TIE_FRACTION, TrialRecord, baseline_label, baseline_record, best_records,
-                                      pareto_front, records, tied_with_fastest, verl_default_record)
+from autotune.storage.records import (POSTERIOR_ATTR, TIE_FRACTION, TrialRecord, baseline_label, baseline_record,
+                                      best_records, pareto_front, ranking_score, records, tied_with_fastest,
+                                      verl_default_record)
 from autotune.storage.urls import redact
 from autotune.workload import Workload
 
@@ -91,7 +92,7 @@ def summary(study: optuna.Study, storage_url: str) -> dict:
         doc["speedup_vs_baseline_interval"] = [round(v, 4) for v in interval] if interval else None
     # the results the exported one is tied with (storage/records.py TIE_FRACTION): it is the one with the most headroom
     ranked = best_records(study, k=len(recs))
-    doc["tied_with_best"] = ([r.number for r in tied_with_fastest(sorted(ranked, key=lambda r: -r.tokens_per_s_per_gpu))
+    doc["tied_with_best"] = ([r.number for r in tied_with_fastest(sorted(ranked, key=lambda r: -ranking_score(r)))
                               if r.number != ranked[0].number] if ranked else [])
     doc["tie_fraction"] = TIE_FRACTION
     # each knob the best changed against the baseline, and the phases it moved (storage/changes.py)
@@ -109,7 +110,9 @@ def trial_doc(rec: TrialRecord) -> dict:
     return {"trial": rec.number, "params": attrs.get("candidate", rec.params),
             "tokens_per_s_per_gpu": rec.tokens_per_s_per_gpu, "mfu": rec.mfu, "peak_mem_gib": rec.peak_mem_gib,
             "phase_s": rec.phase_s, "simulated": bool(attrs.get("simulated")),
-            "workload_tuned": attrs.get("workload_tuned") or {}}
+            "workload_tuned": attrs.get("workload_tuned") or {},
+            # where probes are noisy: the corrected model's throughput the export ranked by, and every probe of it
+            "posterior_tokens_per_s_per_gpu": attrs.get(POSTERIOR_ATTR), "probes": attrs.get("repeats")}
 
 
 def write_result_json(path: Path, doc: dict) -> Path:
