@@ -5,8 +5,8 @@ A search that takes the highest of many noisy measurements exports a lucky one: 
 machines with a per-probe noise of sigma 0.1, the exported configuration's measured score overstated its true
 score by 1.18x on median, and it was more than 1% below the best configuration probed in 14/20 searches (issue
 34). The study reserves `search.confirm` of its trials and probes for this; once the search part has spent the
-rest, the configurations whose score is within the noise band of the fastest (95%, from the study's measured noise
-between probes, else at least storage/noise.UNMEASURED_PROBE_NOISE) are enqueued again, the fastest first. Their probes pool with the first ones
+rest, the configurations whose score is within the noise band of the fastest (95%, the noise one probe carries:
+storage/noise.probe_sigma) are enqueued again, the fastest first. Their probes pool with the first ones
 (storage/records.pooled), and the noise between probes is measured by them (storage/noise.py). A backend whose probe is
 deterministic (the sim) has nothing to confirm.
 """
@@ -18,7 +18,7 @@ import math
 import optuna
 
 from autotune.search.groups import PLANNED_ATTR
-from autotune.storage.noise import UNMEASURED_PROBE_NOISE, measured_noise, probes_of
+from autotune.storage.noise import measured_noise, probe_sigma, probes_of
 from autotune.storage.records import best_records, records
 
 CONFIRM_ATTR = "confirm_enqueued"  # study attribute: the trial numbers the confirmation enqueued (set once)
@@ -36,11 +36,7 @@ def leaders(study: optuna.Study, k: int) -> list:
     ranked = best_records(study, k=len(study.trials))
     if k < 2 or len(ranked) < 2:
         return []
-    noise = measured_noise(records(study))
-    if noise is not None and noise["between_probes"] and noise["dof"] >= 2:
-        sigma = noise["sigma_rel"]
-    else:  # steps inside one probe, or a single repeat, are a floor of what a new probe moves
-        sigma = max(noise["sigma_rel"] if noise else 0.0, UNMEASURED_PROBE_NOISE)
+    sigma = probe_sigma(measured_noise(records(study)))
     best = ranked[0]
     close = [r for r in ranked[1:] if math.log(best.tokens_per_s_per_gpu / r.tokens_per_s_per_gpu)
              <= Z95 * sigma * math.sqrt(1 / probes_of(best) + 1 / probes_of(r))]

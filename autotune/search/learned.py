@@ -55,7 +55,7 @@ from autotune.verl.rules import check
 from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import SearchSpace
 from autotune.storage.node_profile import PROFILE_ATTR
-from autotune.storage.noise import UNMEASURED_PROBE_NOISE, measured_noise
+from autotune.storage.noise import measured_noise, probe_sigma
 from autotune.storage.records import TrialRecord, best_records, is_result, records
 from autotune.workload import Workload
 
@@ -285,16 +285,12 @@ def observations(trials: list[FrozenTrial], cfg: TuneConfig) -> list[tuple[dict,
 
 def gp_noise_rel(study: optuna.Study, trials: list[FrozenTrial] | None = None) -> float:
     """A probe's noise in each phase's log time: NOISE_REL for a deterministic backend; where probes are noisy, the
-    measured noise between probes of `trials` (default the study's; storage/noise.py), and until two repeats
-    measured it, at least UNMEASURED_PROBE_NOISE. A probe's slow or fast launch moves every phase of it alike
-    (issue 34)."""
+    noise of `trials` (default the study's) as storage/noise.probe_sigma pools it with its prior. A probe's slow or
+    fast launch moves every phase of it alike (issue 34)."""
     if not study.user_attrs.get(NOISY_ATTR):
         return NOISE_REL
     recs = records(study) if trials is None else [TrialRecord.of(t) for t in trials]
-    noise = measured_noise(recs)
-    if noise is not None and noise["between_probes"] and noise["dof"] >= 2:
-        return max(NOISE_REL, noise["sigma_rel"])
-    return max(NOISE_REL, UNMEASURED_PROBE_NOISE, noise["sigma_rel"] if noise else 0.0)
+    return max(NOISE_REL, probe_sigma(measured_noise(recs)))
 
 
 def _workload(cfg: TuneConfig, attrs: Mapping) -> Workload:

@@ -22,6 +22,9 @@ LEVEL = 0.95
 # a probe's noise on real hardware where the study has not measured it: the same configuration moved 18% inside one
 # H200 launch (sd of logs 0.13) and 25% between two H200s (2026-12-03/05); the search benchmark's noisy machines 0.10
 UNMEASURED_PROBE_NOISE = 0.10
+# the degrees of freedom that prior is worth: two confirmations measure the noise between probes with 2 dof, and
+# their estimate alone swings by a factor of two either way; the search leans on it only as repeats accumulate
+PRIOR_DOF = 4
 # Student's t, two-sided 95%, by degrees of freedom (any statistics table; e.g. NIST/SEMATECH e-Handbook 1.3.6.7.2)
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042, 60: 2.000}
@@ -70,6 +73,18 @@ def measured_noise(recs: list[TrialRecord]) -> dict | None:
     sigma, dof = max(steps, probes)
     repeated = [rs[0].number for rs in by_config.values() if len(rs) >= 2 or len(timed_values(rs[0])) >= 2]
     return {"sigma_rel": sigma, "dof": dof, "between_probes": probes[1] > 0, "trials": repeated}
+
+
+def probe_sigma(noise: dict | None) -> float:
+    """The noise one probe's score carries, for the search (its corrected model and its confirmation band): the
+    measured noise between probes pooled with UNMEASURED_PROBE_NOISE worth PRIOR_DOF repeats; a noise measured only
+    between steps inside probes is a floor under the prior."""
+    if noise is None:
+        return UNMEASURED_PROBE_NOISE
+    if not noise["between_probes"]:
+        return max(UNMEASURED_PROBE_NOISE, noise["sigma_rel"])
+    return math.sqrt((PRIOR_DOF * UNMEASURED_PROBE_NOISE ** 2 + noise["dof"] * noise["sigma_rel"] ** 2)
+                     / (PRIOR_DOF + noise["dof"]))
 
 
 def speedup_interval(best: TrialRecord, base: TrialRecord, noise: dict | None) -> tuple[float, float] | None:

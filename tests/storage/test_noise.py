@@ -104,3 +104,15 @@ def test_the_h200_shared_launch_study_calls_its_speedup_within_the_noise():
     lo, hi = doc["speedup_vs_baseline_interval"]
     assert lo < 1.0 < doc["speedup_vs_baseline"] < hi
     assert "within the noise" in describe(doc["noise"], [lo, hi], simulated=False)
+
+
+def test_the_searchs_noise_leans_on_its_prior_until_repeats_accumulate():
+    from autotune.storage.noise import PRIOR_DOF, UNMEASURED_PROBE_NOISE, probe_sigma
+
+    assert probe_sigma(None) == UNMEASURED_PROBE_NOISE
+    assert probe_sigma({"sigma_rel": 0.02, "dof": 30, "between_probes": False}) == UNMEASURED_PROBE_NOISE
+    assert probe_sigma({"sigma_rel": 0.3, "dof": 3, "between_probes": False}) == 0.3
+    two = probe_sigma({"sigma_rel": 0.02, "dof": 2, "between_probes": True})
+    many = probe_sigma({"sigma_rel": 0.02, "dof": 200, "between_probes": True})
+    assert two == pytest.approx(math.sqrt((PRIOR_DOF * 0.01 + 2 * 0.0004) / (PRIOR_DOF + 2)))
+    assert 0.02 < many < 0.025 < two < UNMEASURED_PROBE_NOISE
