@@ -443,7 +443,7 @@ def cmd_run(args) -> int:
     result = write_result_json(cfg.out_dir / "result.json", doc)
     print_best_table(study, simulated=doc["simulated"])
     if not args.quiet:
-        from autotune.search.driver import finished_count
+        from autotune.search.budget import finished_count
 
         from autotune.storage.tuning_cost import describe
 

@@ -305,7 +305,8 @@ def cmd_worker(args) -> int:
     from autotune.config import check_study_name
     from autotune.backends.base import get_runner
     from autotune.progress import RunProgress
-    from autotune.search.driver import finished_count, run_study
+    from autotune.search.budget import finished_count
+    from autotune.search.driver import run_study
     from autotune.storage.urls import redact
 
     check_study_name(args.study)

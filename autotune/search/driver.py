@@ -27,6 +27,7 @@ from autotune.model.memory import estimate_memory
 from autotune.search.prescreen import MemoryGate, inferred_oom, known_fit, memory_ratio
 from autotune.search.sampler import make_pruner, make_sampler
 from autotune.search import confirm, groups, learned, posterior
+from autotune.search.budget import budget_left, confirm_held, finished_count, spent
 from autotune.search.equivalence import config_key
 from autotune.search.executor import Executor, Finished, InProcess, Launch, Report
 from autotune.search.outcomes import (copy_outcome, fail_run_folder, keep_probe_log, record_inferred_oom, record_outcome,
@@ -268,43 +269,6 @@ def propose_from_model(study: optuna.Study, cfg: TuneConfig, space: SearchSpace)
     return learned.propose(study, cfg, space)
 
 
-def finished_count(study: optuna.Study) -> int:
-    """Finished trials, not counting those that stepped aside for another tuner's identical one."""
-    return sum(t.user_attrs.get("state") != "skipped" for t in
-               study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)))
-
-
-@dataclass(frozen=True)
-class Spent:
-    probes: int
-    gpu_hours: float
-
-
-def spent(study: optuna.Study, world_size: int) -> Spent:
-    """Launched probes and their GPU time (rejected and inferred candidates cost nothing)."""
-    launched = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("launched")]
-    wall_s = sum(t.user_attrs.get("probe_wall_s") or 0.0 for t in launched)
-    return Spent(probes=len(launched), gpu_hours=wall_s * world_size / 3600)
-
-
-def budget_left(cfg: TuneConfig, study: optuna.Study, started_s: float, held: int = 0) -> str | None:
-    """None while the budget lasts, else which limit ended the search. `held` probes are kept back (the
-    confirmation's, search/confirm.py): their share of a GPU-hour or wall-time budget is what a probe has cost so
-    far."""
-    b = cfg.budget
-    used = spent(study, cfg.world_size)
-    per_probe = used.gpu_hours / used.probes if used.probes else 0.0
-    elapsed_s = time.monotonic() - started_s
-    if b.probes is not None and used.probes >= b.probes - held:
-        return f"probe budget reached ({used.probes} probes)"
-    if b.gpu_hours is not None and used.gpu_hours >= b.gpu_hours - held * per_probe:
-        return f"GPU-hour budget reached ({used.gpu_hours:.2f} GPU-hours)"
-    if b.wall_time_s is not None and elapsed_s >= b.wall_time_s - (held * elapsed_s / used.probes if used.probes
-                                                                   else 0.0):
-        return f"wall-time budget reached ({b.wall_time_s:g} s)"
-    return None
-
-
 def start_study(cfg: TuneConfig) -> tuple[SearchSpace, optuna.Study]:
     """Open (or resume) the study: fail trials of a dead tuner, then queue the baseline and the warm start."""
     space = build_space(cfg)
@@ -402,15 +366,6 @@ def _run_trials(ctx: StudyContext, study: optuna.Study, executor: Executor, on_t
             for _trial, beat in running.values():
                 beat.stop()
         raise
-
-
-def confirm_held(cfg: TuneConfig, runner: ProbeRunner) -> int:
-    """How many trials and probes the search keeps back for confirmation: search.confirm where the backend's probe
-    is noisy and the study is large enough to spare them (5 trials, and 5 probes of a probe budget, per one)."""
-    held = confirm.reserve(cfg.search.confirm, runner.deterministic)
-    if cfg.trials < 5 * held or (cfg.budget.probes is not None and cfg.budget.probes < 5 * held):
-        return 0
-    return held
 
 
 def group_size(cfg: TuneConfig, runner: ProbeRunner, executor: Executor) -> int:

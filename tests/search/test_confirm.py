@@ -16,7 +16,8 @@ from autotune.config import Budget, ProbeBudget, SearchOptions, TuneConfig
 from autotune.hardware import get_gpu
 from autotune.models import get_model
 from autotune.search import confirm
-from autotune.search.driver import confirm_held, run_study
+from autotune.search.budget import confirm_held
+from autotune.search.driver import run_study
 from autotune.storage.records import best_records, records
 from autotune.workload import Workload
 
