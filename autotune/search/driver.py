@@ -391,7 +391,12 @@ def _group_members(ctx: StudyContext, study: optuna.Study, executor: Executor, l
         return []
     req = lead.request
     if "confirms" in lead.trial.user_attrs:  # a confirmation's launch measures the other queued confirmations
-        groups.adopt_members(study, lead.trial.number, req.candidate, confirm_waiting(study), room)
+        storage = _STORAGES[study]
+        study_id = storage.get_study_id_from_name(study.study_name)
+        others = [t for t in confirm_waiting(study) if t.number != lead.trial.number]
+        for t in groups.same_restart_key(req.candidate, others, room):
+            storage.set_trial_user_attr(storage.get_trial_id_from_study_id_trial_number(study_id, t.number),
+                                        groups.GROUP_ATTR, lead.trial.number)
     else:
         groups.enqueue_members(study, cfg, ctx.space, lead.trial, req.candidate, req.workload, room)
     out = []

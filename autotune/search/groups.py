@@ -119,22 +119,18 @@ def spread(ranked: list[Scored], lead: Candidate, count: int, key: Callable[[Sco
     return sorted(first + rest[:count - len(first)], key=key, reverse=True)
 
 
-def adopt_members(study: optuna.Study, lead_number: int, lead: Candidate, waiting: list, count: int) -> int:
-    """Make up to `count` queued trials of `lead`'s restart key members of its launch (a confirmation's launch takes
-    the other queued confirmations, search/confirm.py); returns how many."""
-    storage = study._storage
+def same_restart_key(lead: Candidate, waiting: list, count: int) -> list:
+    """Up to `count` queued trials that will run `lead`'s restart key and belong to no launch yet (a confirmation's
+    launch takes the other queued confirmations, search/confirm.py); their planned candidate says which."""
     key = restart_key(lead)
-    taken = 0
+    out = []
     for t in waiting:
-        if taken >= count:
-            break
         cand = t.user_attrs.get(PLANNED_ATTR)
-        if t.number == lead_number or GROUP_ATTR in t.user_attrs or cand is None:
-            continue
-        if restart_key(Candidate.from_params(cand)) == key:
-            storage.set_trial_user_attr(t._trial_id, GROUP_ATTR, lead_number)
-            taken += 1
-    return taken
+        if len(out) >= count:
+            break
+        if GROUP_ATTR not in t.user_attrs and cand is not None and restart_key(Candidate.from_params(cand)) == key:
+            out.append(t)
+    return out
 
 
 def enqueue_members(study: optuna.Study, cfg: TuneConfig, space: SearchSpace, lead_trial: optuna.Trial,

@@ -276,7 +276,7 @@ def observations(trials: list[FrozenTrial], cfg: TuneConfig) -> list[tuple[dict,
         if not measured:
             continue
         cand = Candidate.from_params(t.user_attrs["candidate"])
-        base = base_prediction(cfg, cand, _workload(cfg, t.user_attrs))
+        base = base_prediction(cfg, cand, trial_workload(cfg, t.user_attrs))
         step_s = t.user_attrs.get("step_s")
         other = step_s - sum(measured.values()) if step_s else None
         obs.append((canonical_params(cand.as_params(), separate_reference(cfg.workload)), base.phase_s, measured, other))
@@ -293,7 +293,7 @@ def gp_noise_rel(study: optuna.Study, trials: list[FrozenTrial] | None = None) -
     return max(NOISE_REL, probe_sigma(measured_noise(recs)))
 
 
-def _workload(cfg: TuneConfig, attrs: Mapping) -> Workload:
+def trial_workload(cfg: TuneConfig, attrs: Mapping) -> Workload:
     tuned = attrs.get("workload_tuned")
     if not tuned:
         return cfg.workload
@@ -538,7 +538,7 @@ def _refine(cfg: TuneConfig, space: SearchSpace, best: FrozenTrial, acq: Acquisi
     machine 19, where checkpointing off at half the micro-batch was 3.5% faster)."""
     kl = separate_reference(cfg.workload)
     start = Candidate(**canonical_params(best.user_attrs["candidate"], kl))
-    workload = _workload(cfg, best.user_attrs)
+    workload = trial_workload(cfg, best.user_attrs)
     acq.refine = (layout_key(start.as_params()), rollout_key(start.as_params()))
     acq.incumbent = best.user_attrs["tokens_per_s_per_gpu"]
     picks = [s for s in refine_ranked(space, acq, start, workload)

@@ -17,7 +17,7 @@ from optuna.trial import FrozenTrial
 
 from autotune.config import TuneConfig
 from autotune.search.equivalence import canonical_params
-from autotune.search.learned import NOISY_ATTR, CorrectedModel, _workload, base_prediction, observations
+from autotune.search.learned import NOISY_ATTR, CorrectedModel, base_prediction, observations, trial_workload
 from autotune.spaces.candidate import Candidate
 from autotune.storage.records import POSTERIOR_ATTR, TrialRecord, is_result, pooled
 from autotune.verl.roles import separate_reference
@@ -28,7 +28,7 @@ def scores(trials: list[FrozenTrial], cfg: TuneConfig, model: CorrectedModel) ->
     out = {}
     for rec in pooled([TrialRecord.of(t) for t in trials if is_result(t)]):
         cand = Candidate.from_params(rec.user_attrs["candidate"])
-        base = base_prediction(cfg, cand, _workload(cfg, rec.user_attrs))
+        base = base_prediction(cfg, cand, trial_workload(cfg, rec.user_attrs))
         if not base.feasible or not base.phase_s:
             continue
         step_s = model.step_s(canonical_params(cand.as_params(), separate_reference(cfg.workload)), base)
