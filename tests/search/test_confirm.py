@@ -6,20 +6,16 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import replace
-from pathlib import Path
 
-import optuna
 import pytest
 
 from autotune.backends.sim import SimRunner
-from autotune.config import Budget, ProbeBudget, SearchOptions, TuneConfig
-from autotune.hardware import get_gpu
-from autotune.models import get_model
+from autotune.config import Budget, SearchOptions
 from autotune.search import confirm
 from autotune.search.budget import confirm_held
 from autotune.search.driver import run_study
 from autotune.storage.records import best_records, records
-from autotune.workload import Workload
+from sim_study import sim_cfg as _cfg
 
 
 class _NoisyMachine(SimRunner):
@@ -39,12 +35,6 @@ class _NoisyMachine(SimRunner):
                        series=series)
 
 
-def _cfg(tmp_path: Path, trials=12, **kw) -> TuneConfig:
-    base = dict(model=get_model("qwen2.5-7b"), gpu=get_gpu("H200"), gpus_per_node=8, nodes=1, backend="sim",
-                trials=trials, storage_url=f"sqlite:///{tmp_path / 'a.db'}", study_name="s", out_dir=tmp_path,
-                seed=3, workload=Workload(), fixed={}, ranges={}, tune_workload=(), probe=ProbeBudget())
-    base.update(kw)
-    return TuneConfig(**base)
 
 
 def test_the_leaders_are_probed_again_and_the_export_is_the_best_mean(tmp_path):

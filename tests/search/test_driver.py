@@ -4,23 +4,16 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.config import Budget, ProbeBudget, SearchOptions, TuneConfig
+from autotune.config import Budget, SearchOptions, TuneConfig
 from autotune.errors import ConfigError
 from autotune.hardware import get_gpu
-from autotune.models import get_model
 from autotune.backends.base import get_runner
 from autotune.backends.sim import SimRunner
 from autotune.search.driver import fail_dead_local_trials, open_study, run_study
 from autotune.storage.records import best_records, records
-from autotune.workload import Workload
+from sim_study import sim_cfg as _cfg
 
 
-def _cfg(tmp_path: Path, trials=12, **kw) -> TuneConfig:
-    base = dict(model=get_model("qwen2.5-7b"), gpu=get_gpu("H200"), gpus_per_node=8, nodes=1, backend="sim",
-                trials=trials, storage_url=f"sqlite:///{tmp_path / 'a.db'}", study_name="s", out_dir=tmp_path,
-                seed=3, workload=Workload(), fixed={}, ranges={}, tune_workload=(), probe=ProbeBudget())
-    base.update(kw)
-    return TuneConfig(**base)
 
 
 def test_study_starts_from_verls_default_and_records_every_outcome(tmp_path):

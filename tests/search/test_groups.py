@@ -21,21 +21,13 @@ from autotune.storage.tuning_cost import launch_overhead_s, tuning_cost
 from autotune.storage.records import records
 from autotune.verl.step_knobs import restart_key
 
-from autotune.config import TuneConfig
-from autotune.hardware import get_gpu
-from autotune.models import get_model
 from autotune.workload import Workload
+from sim_study import sim_cfg as _cfg
 
 DOUBLE = Path(__file__).parents[1] / "backends" / "verl" / "verl_double"
 TrialState = optuna.trial.TrialState
 
 
-def _cfg(tmp_path: Path, trials=12, **kw) -> TuneConfig:
-    base = dict(model=get_model("qwen2.5-7b"), gpu=get_gpu("H200"), gpus_per_node=8, nodes=1, backend="sim",
-                trials=trials, storage_url=f"sqlite:///{tmp_path / 'a.db'}", study_name="s", out_dir=tmp_path,
-                seed=3, workload=Workload(), fixed={}, ranges={}, tune_workload=(), probe=ProbeBudget())
-    base.update(kw)
-    return TuneConfig(**base)
 
 
 def _launches(study):

@@ -5,9 +5,7 @@ import numpy as np
 import optuna
 import pytest
 
-from autotune.config import Budget, ProbeBudget, SearchOptions, TuneConfig
-from autotune.hardware import get_gpu
-from autotune.models import get_model
+from autotune.config import SearchOptions
 from autotune.backends.base import get_runner
 from autotune.search.driver import run_study
 from autotune.search.equivalence import canonical_params, config_key
@@ -15,14 +13,9 @@ from autotune.search.learned import (LAYOUT, PHASE_LEVELS, CorrectedModel, Phase
                                      expected_improvement)
 from autotune.spaces.candidate import Candidate
 from autotune.workload import Workload
+from sim_study import sim_cfg as _cfg
 
 
-def _cfg(tmp_path, trials=12, **kw) -> TuneConfig:
-    base = dict(model=get_model("qwen2.5-7b"), gpu=get_gpu("H200"), gpus_per_node=8, nodes=1, backend="sim",
-                trials=trials, storage_url=f"sqlite:///{tmp_path / 'a.db'}", study_name="s", out_dir=tmp_path,
-                seed=3, workload=Workload(), fixed={}, ranges={}, tune_workload=(), probe=ProbeBudget())
-    base.update(kw)
-    return TuneConfig(**base)
 
 
 def _params(**kw) -> dict:
