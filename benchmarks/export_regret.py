@@ -35,7 +35,7 @@ import autotune.search.driver as driver  # noqa: E402
 from autotune.config import Budget, ProbeBudget, SearchOptions, TuneConfig  # noqa: E402
 from autotune.search import posterior  # noqa: E402
 from autotune.search.driver import run_study  # noqa: E402
-from autotune.search.learned import NOISY_ATTR  # noqa: E402
+from autotune.search.learned import NOISY_ATTR, CorrectedModel  # noqa: E402
 from autotune.spaces.candidate import Candidate  # noqa: E402
 from autotune.storage.records import TrialRecord, baseline_record, is_result, pooled, rank  # noqa: E402
 
@@ -66,7 +66,7 @@ def autotune_exports(machine: Machine, budget: int, search: SearchOptions) -> tu
         prefix = [t for t in trials if t.number <= k_last]
         results = [TrialRecord.of(t) for t in prefix if is_result(t)]
         # what the study would export had it stopped here: its posterior ranking from these probes alone
-        post = posterior.scores(prefix, cfg, posterior.model_of(prefix, cfg, study)) if noisy else None
+        post = posterior.scores(prefix, cfg, CorrectedModel.from_trials(prefix, cfg, study)) if noisy else None
         ranked = rank(pooled(results), base_params, post)
         last = ranked[0] if ranked else None
         values.append(machine.truth(Candidate.from_params(last.user_attrs["candidate"]), job.workload) if last else 0.0)

@@ -11,7 +11,6 @@ from optuna.trial import TrialState
 
 from autotune.backends.base import ProbeRunner
 from autotune.config import TuneConfig
-from autotune.search import confirm
 
 
 def finished_count(study: optuna.Study) -> int:
@@ -54,7 +53,7 @@ def budget_left(cfg: TuneConfig, study: optuna.Study, started_s: float, held: in
 def confirm_held(cfg: TuneConfig, runner: ProbeRunner) -> int:
     """How many trials and probes the search keeps back for confirmation: search.confirm where the backend's probe
     is noisy and the study is large enough to spare them (5 trials, and 5 probes of a probe budget, per one)."""
-    held = confirm.reserve(cfg.search.confirm, runner.deterministic)
+    held = 0 if runner.deterministic else cfg.search.confirm
     if cfg.trials < 5 * held or (cfg.budget.probes is not None and cfg.budget.probes < 5 * held):
         return 0
     return held

@@ -25,11 +25,6 @@ CONFIRM_ATTR = "confirm_enqueued"  # study attribute: the trial numbers the conf
 Z95 = 1.96
 
 
-def reserve(confirm: int, deterministic: bool) -> int:
-    """Trials and probes the search leaves for confirmation."""
-    return 0 if deterministic else confirm
-
-
 def leaders(study: optuna.Study, k: int) -> list:
     """Up to k configurations to probe again: the fastest and those within the noise band of it (a ratio below
     exp(1.96 sigma sqrt(1/n_best + 1/n)) over the probes behind each), as pooled records; none when no other is within the band."""

@@ -56,7 +56,7 @@ from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import SearchSpace
 from autotune.storage.node_profile import PROFILE_ATTR
 from autotune.storage.noise import measured_noise, probe_sigma
-from autotune.storage.records import TrialRecord, best_records, is_result, records
+from autotune.storage.records import TrialRecord, best_records, is_result
 from autotune.workload import Workload
 
 ROLLOUT = ("rollout_tp", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill")
@@ -233,9 +233,15 @@ class CorrectedModel:
 
     @classmethod
     def from_study(cls, study: optuna.Study, cfg: TuneConfig) -> "CorrectedModel":
+        return cls.from_trials(study.get_trials(deepcopy=False), cfg, study)
+
+    @classmethod
+    def from_trials(cls, trials: list[FrozenTrial], cfg: TuneConfig, study: optuna.Study) -> "CorrectedModel":
+        """From these trials (the study's, or a prefix of them in the benchmark), the study's node profile and the
+        noise these trials measured."""
         profile = study.user_attrs.get(PROFILE_ATTR)
-        return cls(cfg, observations(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), cfg),
-                   profile if profile and not profile.get("none") else None, gp_noise_rel(study))
+        return cls(cfg, observations(trials, cfg), profile if profile and not profile.get("none") else None,
+                   gp_noise_rel(study, trials))
 
     def log_time(self, params: Mapping, base: Base, phases: frozenset | None = None,
                  other: bool = True) -> tuple[float, float]:
@@ -283,14 +289,13 @@ def observations(trials: list[FrozenTrial], cfg: TuneConfig) -> list[tuple[dict,
     return obs
 
 
-def gp_noise_rel(study: optuna.Study, trials: list[FrozenTrial] | None = None) -> float:
+def gp_noise_rel(study: optuna.Study, trials: list[FrozenTrial]) -> float:
     """A probe's noise in each phase's log time: NOISE_REL for a deterministic backend; where probes are noisy, the
-    noise of `trials` (default the study's) as storage/noise.probe_sigma pools it with its prior. A probe's slow or
-    fast launch moves every phase of it alike (issue 34)."""
+    noise these trials measured as storage/noise.probe_sigma pools it with its prior. A probe's slow or fast launch
+    moves every phase of it alike (issue 34)."""
     if not study.user_attrs.get(NOISY_ATTR):
         return NOISE_REL
-    recs = records(study) if trials is None else [TrialRecord.of(t) for t in trials]
-    return max(NOISE_REL, probe_sigma(measured_noise(recs)))
+    return max(NOISE_REL, probe_sigma(measured_noise([TrialRecord.of(t) for t in trials])))
 
 
 def trial_workload(cfg: TuneConfig, attrs: Mapping) -> Workload:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from autotune.storage.records import TrialRecord, configuration_key
+from autotune.storage.records import TrialRecord, configuration_key, timed_values
 
 LEVEL = 0.95
 # a probe's noise on real hardware where the study has not measured it: the same configuration moved 18% inside one
@@ -37,11 +37,6 @@ def t95(dof: int) -> float:
     if dof > 60:
         return 1.960
     return _T95[max(d for d in _T95 if d <= dof)]
-
-
-def timed_values(rec: TrialRecord) -> list[float]:
-    """A measured trial's timed steps, tokens/s (the warm-up is never in its series)."""
-    return [v for v in (rec.user_attrs.get("series") or {}).get("perf/throughput") or () if v and v > 0]
 
 
 def probes_of(rec: TrialRecord) -> int:

@@ -130,6 +130,11 @@ def configuration_key(rec: TrialRecord) -> str:
                       sort_keys=True, default=str)
 
 
+def timed_values(rec: TrialRecord) -> list[float]:
+    """A measured trial's timed steps, tokens/s (the warm-up is never in its series)."""
+    return [v for v in (rec.user_attrs.get("series") or {}).get("perf/throughput") or () if v and v > 0]
+
+
 def pooled(measured: list[TrialRecord]) -> list[TrialRecord]:
     """One record per configuration. A configuration measured by more than one probe (a confirmation, issue 34) is
     scored by the geometric mean of its probes weighted by their timed steps, with its highest peak; the record is
@@ -144,7 +149,7 @@ def pooled(measured: list[TrialRecord]) -> list[TrialRecord]:
         if len(probes) == 1:
             out.extend(recs)
             continue
-        steps = [max(len((r.user_attrs.get("series") or {}).get("perf/throughput") or ()), 1) for r in probes]
+        steps = [max(len(timed_values(r)), 1) for r in probes]
         score = math.exp(sum(n * math.log(r.tokens_per_s_per_gpu) for n, r in zip(steps, probes)) / sum(steps))
         peaks = [r.peak_mem_gib for r in probes if r.peak_mem_gib is not None]
         first = min(probes, key=lambda r: r.number)
