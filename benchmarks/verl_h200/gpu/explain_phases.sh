@@ -5,7 +5,11 @@
 #     (actor and ref: log-prob and update), the traces summarised on the node (summarize_trace.py);
 #  3. the same job with remove-padding on through the shim (flash_attention_2): 2 steps, no profile (PLAIN_ON=0: 3 and
 #     the profile, about 70 s more of the session's device time);
-#  4. the job's rollout alone in vLLM, eager against CUDA graphs (vllm_eager.py).
+#  4. the job's rollout alone in vLLM, eager against CUDA graphs (vllm_eager.py);
+#  5. (issue 28, run before 4) `autotune train` for 2 steps on the shared study's exported best.yaml
+#     (benchmarks/results/h200-2026-12-05-verl-shared/launch2): the export launched as a user launches it, and a
+#     separate probe of the configuration the shared launch measured as its trial 4 (step 2 timed; step 2 of
+#     launch 2 above is likewise a separate probe of the job, trial 0).
 # The shim sits in /tmp/shim, on the path of the check and of step 3 only. Each launch's console is kept; step 2 is the timed step, step 1 is warm-up. Everything lands in $RES (/tmp/res),
 # tarred by collect.sh. Env: SKIP (space-separated step numbers to skip).
 set -uo pipefail
@@ -44,6 +48,16 @@ if ! skip 1; then stamp shim; PYTHONPATH=/tmp/shim:$PYTHONPATH python3 benchmark
 skip 2 || launch rmpad_off
 skip 3 || SHIM=1 PLAIN=${PLAIN_ON:-1} launch rmpad_on actor_rollout_ref.model.use_remove_padding=True \
     ++actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2
+if ! skip 5; then
+  stamp train start
+  PYTHONPATH=$REPO:$PYTHONPATH timeout 900 python3 -m autotune train \
+      --config benchmarks/results/h200-2026-12-05-verl-shared/launch2/best.yaml trainer.total_training_steps=2 \
+      > "$RES/train_best.txt" 2>&1
+  echo "rc=$?" >> "$RES/train_best.txt"
+  cp benchmarks/results/h200-2026-12-05-verl-shared/launch2/train.log "$RES/train_best.log" 2>/dev/null
+  stamp train end
+  ray stop --force > /dev/null 2>&1; sleep 3
+fi
 if ! skip 4; then
   for mode in graphs eager; do
     stamp "vllm $mode"; timeout 300 python3 benchmarks/verl_h200/gpu/vllm_eager.py /tmp/tiny-qwen2 $mode > "$RES/vllm_$mode.txt" 2>&1
