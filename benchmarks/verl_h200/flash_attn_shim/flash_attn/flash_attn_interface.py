@@ -46,8 +46,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         group = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     q, extra = _scaled(q, softmax_scale)
+    if "is_causal" in _VARLEN_PARAMS:
+        extra["is_causal"] = bool(causal)
+    elif causal:  # PyTorch 2.11's varlen_attn says causal as window_size (-1, 0) (its docstring; no is_causal)
+        extra["window_size"] = (-1, 0)
     return varlen_attn(q, k, v, cu_seqlens_q.to(torch.int32), cu_seqlens_k.to(torch.int32), int(max_seqlen_q),
-                       int(max_seqlen_k), is_causal=bool(causal), **extra)
+                       int(max_seqlen_k), **extra)
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -60,3 +64,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
                                  cu_q, cu_k, seqlen_q, seqlen_k, dropout_p, softmax_scale, causal, window_size, softcap,
                                  alibi_slopes, deterministic, return_attn_probs)
     return out.reshape(batch, seqlen_q, *out.shape[1:])
+
+
+def flash_attn_with_kvcache(*args, **kwargs):
+    """Imported by transformers' flash_attention_2 path (modeling_flash_attention_utils._lazy_imports) beside the two
+    above; it serves cached decoding, which training does not run. PyTorch's varlen kernel has no KV-cache form."""
+    raise NotImplementedError("flash_attn (torchvarlen shim): flash_attn_with_kvcache (decoding with a KV cache) "
+                              "is not supported")
