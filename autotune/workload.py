@@ -43,6 +43,11 @@ class Workload:
     lora_rank: int = 0
     # LoRA target modules as verl takes them (model.target_modules): "all-linear" or projection names
     lora_target_modules: str | list = "all-linear"
+    # Megatron's CPU optimizer as the user set it (actor.optim.override_optimizer_config; megatron-core
+    # OptimizerConfig: optimizer_cpu_offload False, optimizer_offload_fraction 0.0 by default): that fraction of the
+    # distributed optimizer's state and its Adam step stay on the host (optimizer/cpu_offloading/hybrid_optimizer.py)
+    megatron_optimizer_cpu_offload: bool = False
+    megatron_optimizer_offload_fraction: float = 0.0
     train_files: str | list = "~/data/gsm8k/train.parquet"  # verl takes one path or a list of paths
     val_files: str | list = "~/data/gsm8k/test.parquet"
 
@@ -60,6 +65,13 @@ class Workload:
                 and all(isinstance(t, str) and t for t in targets)):
             raise ConfigError(f"workload.lora_target_modules must be 'all-linear' or a list of module names, "
                               f"but got lora_target_modules={targets!r}")
+        fraction = self.megatron_optimizer_offload_fraction
+        if not (isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and 0 <= fraction <= 1):
+            raise ConfigError("workload.megatron_optimizer_offload_fraction must be in [0, 1], but got "
+                              f"megatron_optimizer_offload_fraction={fraction!r}")
+        if not isinstance(self.megatron_optimizer_cpu_offload, bool):
+            raise ConfigError("workload.megatron_optimizer_cpu_offload must be true or false, but got "
+                              f"megatron_optimizer_cpu_offload={self.megatron_optimizer_cpu_offload!r}")
         if not (isinstance(self.prompt_fill, (int, float)) and 0 < self.prompt_fill <= 1):
             raise ConfigError(f"workload.prompt_fill must be in (0, 1], but got prompt_fill={self.prompt_fill!r}")
         mean = self.mean_response_length
@@ -71,6 +83,11 @@ class Workload:
             # verl ActorConfig.validate (workers/config/actor.py:222-243)
             raise ConfigError(f"train_batch_size ({self.train_batch_size}) must be >= actor.ppo_mini_batch_size "
                               f"({self.ppo_mini_batch_size})")
+
+    @property
+    def megatron_optimizer_on_host(self) -> float:
+        """Share of the Megatron distributed optimizer's state the CPU optimizer keeps on the host."""
+        return float(self.megatron_optimizer_offload_fraction) if self.megatron_optimizer_cpu_offload else 0.0
 
     @property
     def seq_len(self) -> int:

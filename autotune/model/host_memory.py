@@ -108,7 +108,8 @@ def estimate_host_memory(model: ModelSpec, workload: Workload, cand: Candidate, 
     k = constants
     state = actor_state_bytes(model, cand, layout, workload)
     per_gpu = {"process": k.system.host_process_gib * GIB,
-               "optimizer": pinned_optimizer_bytes(model, cand, layout, workload) if cand.optimizer_offload else 0.0,
+               "optimizer": ((pinned_optimizer_bytes(model, cand, layout, workload) if cand.optimizer_offload else 0.0)
+                             + state.optimizer_on_host),
                "weights": (pinned_state_bytes(model, cand, layout, bytes_per_param=FP32, exact=state.weights,
                                               unrounded=bool(workload.lora_rank)) if cand.param_offload else 0.0),
                "reference": (pinned_state_bytes(model, cand, layout, bytes_per_param=BF16,

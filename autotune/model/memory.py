@@ -25,7 +25,7 @@ from autotune.spaces.candidate import Candidate
 from autotune.spaces.layout import ParallelLayout
 from autotune.workload import Workload
 from autotune.verl.rollout import effective_batched_tokens
-from autotune.verl.pipeline_split import largest_stage_layers
+from autotune.verl.pipeline_split import in_flight_layers, largest_stage_layers
 from autotune.verl.roles import need_reference_policy, separate_reference
 
 BF16 = 2
@@ -108,8 +108,9 @@ def forward_logits_bytes(model: ModelSpec, tokens: float, c: ActivationConstants
 class ActorState:
     weights: float
     grads: float
-    optimizer: float
+    optimizer: float  # on the GPU while it trains
     gather_buffer: float  # unsharded FSDP units alive during compute (current + prefetched)
+    optimizer_on_host: float = 0.0  # Megatron's CPU optimizer share, always on the host
 
 
 def lora_params(model: ModelSpec, rank: int, target_modules: str | list | tuple = "all-linear") -> int:
@@ -143,7 +144,8 @@ def actor_state_bytes(model: ModelSpec, cand: Candidate, layout: ParallelLayout,
     FSDP (engine/fsdp.yaml): fp32 master parameters (model_dtype: fp32), fp32 gradients, fp32 Adam
     moments, all sharded over every rank (fsdp_size=-1); bf16 compute copies of one or two layers.
     Megatron (engine/megatron.yaml): bf16 parameters split by TP x PP (experts by EP x ETP), fp32
-    gradient buffer, distributed optimizer holding fp32 main params + Adam moments split over DP.
+    gradient buffer, distributed optimizer holding fp32 main params + Adam moments split over DP; with the user's
+    CPU optimizer (workload.megatron_optimizer_on_host) that share of it stays on the host.
     """
     n_total = model.param_count()
     if not cand.is_megatron:
@@ -161,8 +163,10 @@ def actor_state_bytes(model: ModelSpec, cand: Candidate, layout: ParallelLayout,
     per_rank = dense_params / (cand.actor_tp * cand.actor_pp)
     per_rank += expert_params / (cand.actor_ep * cand.actor_etp * cand.actor_pp)
     dp = max(layout.dp, 1)
-    return ActorState(weights=BF16 * per_rank, grads=FP32 * per_rank, optimizer=3 * FP32 * per_rank / dp,
-                      gather_buffer=0.0)
+    optimizer = 3 * FP32 * per_rank / dp
+    on_host = workload.megatron_optimizer_on_host if workload is not None else 0.0
+    return ActorState(weights=BF16 * per_rank, grads=FP32 * per_rank, optimizer=optimizer * (1 - on_host),
+                      gather_buffer=0.0, optimizer_on_host=optimizer * on_host)
 
 
 def ref_weight_bytes(model: ModelSpec, cand: Candidate, layout: ParallelLayout) -> float:
@@ -326,8 +330,10 @@ def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Ca
     in_flight = min(cand.actor_pp, max(layout.micro_batches_per_mini, 1)) if cand.is_megatron else 1
     # the interleaved schedule holds (1 + (p-1)/(p*v)) times 1F1B's activations on the first stage (Korthikanti et al.
     # 2022, "Reducing Activation Recomputation in Large Transformer Models", sec. 4.2.3); plain 1F1B (v = 1) holds
-    # PP micro-batches of L/PP layers, `in_flight` alone
+    # min(PP - r, m) micro-batches of stage r's layers, the peak over stages (verl/pipeline_split.in_flight_layers)
     vpp_extra = 1 + (cand.actor_pp - 1) / (cand.actor_pp * cand.actor_vpp) if cand.is_megatron and cand.actor_vpp > 1 else 1
+    if cand.is_megatron and cand.actor_vpp == 1:
+        layers_on_rank = in_flight_layers(model.num_layers, cand.actor_pp, layout.micro_batches_per_mini) / in_flight
     act = train_activation_bytes(model, tok, layers=layers_on_rank, checkpointing=cand.gradient_checkpointing,
                                  c=act_c, liger=cand.use_liger)
     act *= in_flight * vpp_extra  # 1F1B keeps up to PP micro-batches of L/PP layers on the first stage

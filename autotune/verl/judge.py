@@ -351,6 +351,7 @@ SCRIPT_MODELS = {
     "recipe__dapo__test_dapo_7b_math_megatron.sh": "qwen2.5-math-7b",
     "recipe__fapo__run_baseline_7b.sh": "qwen2.5-math-7b",
     "recipe__char_count__train_grpo.sh": "qwen2.5-0.5b",  # an SFT checkpoint of Qwen2.5-0.5B
+    "run_qwen3-235b_megatron_96gb.sh": "qwen3-235b-a22b",  # verl's script reads it from $RAY_DATA_HOME/models
 }
 
 

@@ -24,6 +24,8 @@ from autotune.workload import Workload
 ARO = "actor_rollout_ref"
 A, R, REF, M = f"{ARO}.actor", f"{ARO}.rollout", f"{ARO}.ref", f"{ARO}.model"
 MEG, OTC = f"{A}.megatron", f"{A}.megatron.override_transformer_config"
+# a dict verl hands to megatron-core's OptimizerConfig key by key: its keys are megatron-core's, not in verl's files
+OVERRIDE_OPTIMIZER = "override_optimizer_config"
 FSDP_ENGINES = frozenset({"fsdp", "fsdp2"})
 MEGATRON = frozenset({"megatron"})
 ALL_ENGINES = FSDP_ENGINES | MEGATRON
@@ -88,6 +90,11 @@ def _ref(job: Job) -> bool:
 
 def _separate_ref(job: Job) -> bool:
     return roles.separate_reference(job.workload)
+
+
+def _cpu_optimizer(job: Job) -> bool:
+    w = job.workload
+    return w.megatron_optimizer_cpu_offload or w.megatron_optimizer_offload_fraction != 0.0
 
 
 def _lora(job: Job) -> bool:
@@ -177,6 +184,13 @@ TABLE: tuple[Key, ...] = (
     Key(f"{M}.lora.target_modules", "lora_target_modules", "workload", f"{CONFIG}/model/hf_model.yaml:131",
         engines=MEGATRON, when=_lora, to_verl=lambda j: _megatron_lora_targets(j.workload.lora_target_modules),
         from_verl=lambda v, _: _hf_lora_targets(v)),
+    # Megatron's CPU optimizer: megatron-core OptimizerConfig fields that verl copies from override_optimizer_config
+    # (utils/megatron/optimizer.py:210-213); written back as the user set it; the memory model keeps that share of
+    # the optimizer off the GPU
+    Key(f"{A}.optim.{OVERRIDE_OPTIMIZER}.optimizer_cpu_offload", "megatron_optimizer_cpu_offload", "workload",
+        "utils/megatron/optimizer.py:210", engines=MEGATRON, when=_cpu_optimizer),
+    Key(f"{A}.optim.{OVERRIDE_OPTIMIZER}.optimizer_offload_fraction", "megatron_optimizer_offload_fraction",
+        "workload", "utils/megatron/optimizer.py:210", engines=MEGATRON, when=_cpu_optimizer),
     # held verbatim (no model use): passed through with the user's value
     Key(f"{A}.optim.lr", None, "workload", f"{CONFIG}/actor/actor.yaml:151"),
     Key(f"{A}.kl_loss_coef", None, "workload", f"{CONFIG}/actor/actor.yaml:113"),

@@ -75,11 +75,27 @@ def derived_split(num_layers: int, pp: int) -> Split | None:
     return None
 
 
-def largest_stage_layers(num_layers: int, pp: int) -> float:
-    """Layers on the fullest pipeline stage: L/PP evenly, else the largest stage of autotune's split (the memory
-    model sizes a rank's activations by it)."""
+def stage_layers(num_layers: int, pp: int) -> list[float]:
+    """Transformer layers on each pipeline stage, first to last: L/PP evenly, else autotune's split."""
     split = derived_split(num_layers, pp)
     if split is None:
-        return num_layers / pp
-    middle = (num_layers - split.first - split.last) // (pp - 2) if pp > 2 else 0
-    return float(max(split.first, split.last, middle))
+        return [num_layers / pp] * pp
+    middle = (num_layers - split.first - split.last) / (pp - 2) if pp > 2 else 0.0
+    return [float(split.first), *([middle] * (pp - 2)), float(split.last)]
+
+
+def largest_stage_layers(num_layers: int, pp: int) -> float:
+    """Layers on the fullest pipeline stage: L/PP evenly, else the largest stage of autotune's split."""
+    return max(stage_layers(num_layers, pp))
+
+
+def in_flight_layers(num_layers: int, pp: int, micro_batches: int) -> float:
+    """Layer-micro-batches whose activations the fullest stage holds at once under 1F1B without interleaving.
+
+    Stage r runs min(pp - r - 1, m) warm-up forwards and holds one more in the steady state, so min(pp - r, m)
+    micro-batches of its own layers (megatron-core pipeline_parallel/schedules.py,
+    forward_backward_pipelining_without_interleaving: num_warmup_microbatches = pipeline_parallel_size -
+    pipeline_parallel_rank - 1). The first stage holds the most micro-batches; with an uneven split a middle stage
+    can hold more layers, so the peak is the largest product, not PP times the largest stage."""
+    m = max(micro_batches, 1)
+    return max(min(pp - r, m) * layers for r, layers in enumerate(stage_layers(num_layers, pp)))

@@ -10,6 +10,7 @@ import itertools
 
 import pytest
 
+from autotune.errors import ConfigError
 from autotune.hardware import get_gpu
 from autotune.models import get_model
 from autotune.model.memory import MemoryEstimate, estimate_memory
@@ -132,6 +133,43 @@ def test_1f1b_first_stage_holds_one_micro_batch_of_the_whole_model_and_interleav
            .components_gib["activations"] for pp, vpp in ((1, 1), (2, 1), (4, 1), (2, 2))}
     assert act[(2, 1)] == pytest.approx(act[(1, 1)]) and act[(4, 1)] == pytest.approx(act[(1, 1)])
     assert act[(2, 2)] == pytest.approx(act[(2, 1)] * (1 + 1 / 4))
+
+
+def test_1f1b_peak_is_the_fullest_stages_micro_batches_times_its_own_layers():
+    """Issue 30: stage r of plain 1F1B holds min(PP - r, m) micro-batches of its own layers (megatron-core
+    schedules.py, num_warmup_microbatches = PP - rank - 1); with 94 layers on PP 8 (stages 11, 12 x 6, 11) the first
+    stage's 8 x 11 = 88 layer-micro-batches is the peak, not 8 x 12 = 96 as the largest stage times PP said."""
+    from autotune.verl.pipeline_split import in_flight_layers, stage_layers
+
+    assert stage_layers(94, 8) == [11.0, *[12.0] * 6, 11.0]
+    assert in_flight_layers(94, 8, 16) == 88 and in_flight_layers(94, 8, 2) == 2 * 12
+    assert in_flight_layers(48, 8, 16) == 48  # an even split is unchanged: PP x L/PP
+    from autotune.model.memory import GIB, _token_split, tokens_per_micro_batch, train_activation_bytes
+
+    moe = get_model("qwen3-235b-a22b")
+    cand = MEGATRON_7B.with_(actor_tp=4, actor_pp=8, actor_ep=4, gradient_checkpointing=False)
+    layout = ParallelLayout.of(cand, WL, gpus_per_node=8, nodes=4)
+    assert layout.micro_batches_per_mini >= 8
+    tok = tokens_per_micro_batch(cand, WL.at_max_length(), forward_only=False, layout=layout) / _token_split(cand)
+    per_layer = train_activation_bytes(moe, tok, layers=1, checkpointing=False) / GIB
+    act = mem(cand, model=moe, gpus_per_node=8, nodes=4).components_gib["activations"]
+    assert act == pytest.approx(88 * per_layer)
+
+
+def test_megatron_cpu_optimizer_keeps_its_share_of_the_optimizer_on_the_host():
+    """override_optimizer_config.optimizer_cpu_offload with optimizer_offload_fraction f (megatron-core
+    OptimizerConfig; verl's Qwen3-235B 96gb script sets 1.0): f of the distributed optimizer stays on the host."""
+    from dataclasses import replace
+
+    base = mem(MEGATRON_7B)
+    half = mem(MEGATRON_7B, workload=replace(WL, megatron_optimizer_cpu_offload=True,
+                                            megatron_optimizer_offload_fraction=0.5))
+    off = mem(MEGATRON_7B, workload=replace(WL, megatron_optimizer_offload_fraction=0.5))  # no cpu offload
+    assert half.components_gib["optimizer"] == pytest.approx(base.components_gib["optimizer"] / 2)
+    assert off.components_gib["optimizer"] == pytest.approx(base.components_gib["optimizer"])
+    assert half.phase_peak_gib["update_actor"] < base.phase_peak_gib["update_actor"]
+    with pytest.raises(ConfigError, match="megatron_optimizer_offload_fraction"):
+        replace(WL, megatron_optimizer_offload_fraction=1.5)
 
 
 def test_megatron_expert_parallel_splits_moe_weights():

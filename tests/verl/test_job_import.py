@@ -18,7 +18,8 @@ from autotune.verl.launch_script import import_launch_script
 EXAMPLES = Path(__file__).parents[1] / "data" / "verl_examples"
 SCRIPTS = sorted(EXAMPLES.glob("*.sh"))
 # scripts whose model path is not readable statically (or is wrong in verl's own file), and the model to use
-MODEL_FOR = {"qwen2-70b_grpo_32_h20_fsdp_vllm.sh": "qwen2.5-72b"}  # verl's script says model.path=model_path
+MODEL_FOR = {"qwen2-70b_grpo_32_h20_fsdp_vllm.sh": "qwen2.5-72b",  # verl's script says model.path=model_path
+             "run_qwen3-235b_megatron_96gb.sh": "qwen3-235b-a22b"}  # a folder under $RAY_DATA_HOME
 # docs/perf/device_tuning.rst: "Hardware Resource Needed for RL" (MIN rows), the hardware each script ran on
 DEVICE_TUNING = {
     "qwen2-0.5b_grpo-lora_1_h100_fsdp_vllm.sh": "H100-80GB",
@@ -105,6 +106,23 @@ def test_estimate_does_not_predict_oom_for_configs_verl_reports_running(name, gp
                       nodes=job.nodes or 1)
     assert result.fits, (result.phase_peak_gib, result.kv_cache_gib, result.capacity_gib)
     assert not result.violations, result.violations
+
+
+def test_verls_qwen3_235b_script_fits_32_h20s_as_its_docs_say():
+    """verl's docs (docs/perf/dpsk.md:31 at 2239fd0): with OFFLOAD_FRACTION=1, Qwen3-235B-A22B runs "on as few as 32
+    H20 (96GB) GPUs", using "1.6TB CPU memory per node". Issue 30: the model said 228.5 GiB per GPU (the interleaved
+    factor at VPP 1; Megatron's CPU optimizer, which keeps the whole distributed optimizer on the host, not read;
+    PP micro-batches of the largest stage in flight where 1F1B's first stage holds PP of its own 11 layers)."""
+    job = _job(EXAMPLES / "run_qwen3-235b_megatron_96gb.sh")
+    assert job.workload.megatron_optimizer_cpu_offload and job.workload.megatron_optimizer_offload_fraction == 1.0
+    assert (job.baseline.actor_tp, job.baseline.actor_pp, job.baseline.actor_ep) == (4, 8, 4)
+    result = estimate(job.model, get_gpu("H20"), job.workload, job.baseline, gpus_per_node=job.gpus_per_node,
+                      nodes=job.nodes or 1)
+    assert (job.gpus_per_node, job.nodes) == (8, 4)
+    assert result.fits and not result.violations, (result.phase_peak_gib, result.violations)
+    assert result.components_gib["optimizer"] == 0.0
+    assert result.host_per_gpu_gib["optimizer"] > 50  # the CPU optimizer's state lives on the host
+    assert 1000 < result.host_node_gib < 1.6e12 / 2**30 * 1.1  # "1.6TB CPU memory per node"
 
 
 def test_lora_is_read_and_changes_the_memory_model():

@@ -420,6 +420,8 @@ EXPECTED = {
     "run_qwen2-7b_math_megatron.sh": ("grpo", "Qwen/Qwen2-7B-Instruct", "8", {"HOME", "$@"}),
     "run_qwen2_5-3b_gsm8k_grpo_lora.sh": ("grpo", "Qwen/Qwen2.5-3B-Instruct", "2", {"HOME", "$@"}),
     "run_qwen3moe-30b_megatron_96gb.sh": ("grpo", "Qwen/Qwen3-30B-A3B-Base", "8", {"HOME", "aime24_test_path"}),
+    "run_qwen3-235b_megatron_96gb.sh": ("grpo", "${HOME}/verl/models/Qwen3-235B-A22B", "8",
+                                        {"HOME", 'source $(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/env.sh'}),
     "run_deepseek671b_math_megatron_80gb.sh": ("grpo", "<path_to_dsv3_config>", "8", {"CKPT_DIR", "$@"}),
     "run_gptoss_20b.sh": ("grpo", "$HOME/models/gpt-oss-20b-bf16", "8",
                           {"gsm8k_train_path", "gsm8k_test_path", "HOME", "$@"}),
@@ -483,6 +485,7 @@ REJECTED_BY_VERL_0_9_1 = {
     # megatron.grad_offload no longer exists (param_offload and optimizer_offload remain)
     "qwen2_32B_grpo_8_h20_megatron_vllm.sh": {"actor_rollout_ref.actor.megatron.grad_offload"},
     "run_qwen3moe-30b_megatron_96gb.sh": {"actor_rollout_ref.actor.megatron.grad_offload"},
+    "run_qwen3-235b_megatron_96gb.sh": {"actor_rollout_ref.actor.megatron.grad_offload"},
     "run_qwen3_30b_a3b_megatron.sh": {"actor_rollout_ref.actor.megatron.grad_offload"},
     # grad_offload again, and a placeholder model path Hydra's grammar cannot parse: <path_to_dsv3_config>
     "run_deepseek671b_math_megatron_80gb.sh": {"actor_rollout_ref.actor.megatron.grad_offload",
