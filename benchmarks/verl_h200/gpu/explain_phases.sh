@@ -6,6 +6,10 @@
 #  3. the same job with remove-padding on through the shim (flash_attention_2): 2 steps, no profile (PLAIN_ON=0: 3 and
 #     the profile, about 70 s more of the session's device time);
 #  4. the job's rollout alone in vLLM, eager against CUDA graphs (vllm_eager.py);
+#  6. (run first after 1) gpu/logprob_loop.py: whether verl's log-prob takes its per-token Python loop on this node
+#     (flash-attn's Triton cross-entropy missing: utils/torch_functional.py:34-39, 95, 196-206) and its cost per token;
+#  7. (after 6) the job with `model.use_fused_kernels=True` (verl's fused log-prob, impl_backend torch), which does not
+#     call that function: 2 steps, no profile. The next session's run is `SKIP="2 3 5 4"` (1, 6, 7: about 8 minutes).
 #  5. (issue 28, run before 4) `autotune train` for 2 steps on the shared study's exported best.yaml
 #     (benchmarks/results/h200-2026-12-05-verl-shared/launch2): the export launched as a user launches it, and a
 #     separate probe of the configuration the shared launch measured as its trial 4 (step 2 timed; step 2 of
@@ -45,6 +49,9 @@ launch() {  # name, extra overrides... (SHIM=1 in its environment: the flash_att
   ray stop --force > /dev/null 2>&1; sleep 3
 }
 if ! skip 1; then stamp shim; PYTHONPATH=/tmp/shim:$PYTHONPATH python3 benchmarks/verl_h200/gpu/check_flash_shim.py > "$RES/shim_check.txt" 2>&1; echo "rc=$?" >> "$RES/shim_check.txt"; fi
+if ! skip 6; then stamp logprob_loop; timeout 300 python3 benchmarks/verl_h200/gpu/logprob_loop.py > "$RES/logprob_loop.txt" 2>&1
+  echo "rc=$?" >> "$RES/logprob_loop.txt"; fi
+skip 7 || PLAIN=1 launch fused_logprob actor_rollout_ref.model.use_fused_kernels=True
 skip 2 || launch rmpad_off
 skip 3 || SHIM=1 PLAIN=${PLAIN_ON:-1} launch rmpad_on actor_rollout_ref.model.use_remove_padding=True \
     ++actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2
