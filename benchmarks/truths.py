@@ -16,6 +16,9 @@ benchmark's only truth before issue 19) and adds one effect the model lacks:
   layout_sigmaS   each actor layout (engine, TP, PP, VPP, CP, EP, ETP, Ulysses) gets its own factor on the
                   update phase and another on the log-prob passes, and each rollout setting (rollout TP,
                   max_num_seqs, chunked prefill) one on generation, log-normal with sigma S (median 1)
+  quirk_sigmaS    issue 34's per-layout and per-flag quirks: layout_sigmaS, and each system flag that is on
+                  (checkpointing, Liger, dynamic batching, the offloads) its own factor on the update and
+                  another on the log-prob passes, log-normal with the same sigma
 
 Each keeps the structure the exact optimum's decomposition relies on (benchmarks/optimum.py): generation
 depends on the rollout knobs only, each training phase on the layout and its own micro-batch knobs.
@@ -49,6 +52,8 @@ PERTURBATION = {"activations": 0.08, "throughput": 0.08, "rollout": 0.20, "syste
 TRAIN_PHASES = ("update_actor", "old_log_prob", "ref")
 LAYOUT_KNOBS = ("actor_engine", "actor_tp", "actor_pp", "actor_vpp", "actor_cp", "actor_ep", "actor_etp", "ulysses_sp")
 ROLLOUT_SETTING = ("rollout_tp", "max_num_seqs", "enable_chunked_prefill")
+QUIRK_FLAGS = ("gradient_checkpointing", "use_liger", "use_dynamic_bsz", "param_offload", "optimizer_offload",
+               "ref_param_offload", "activation_offload", "use_torch_compile", "use_remove_padding")
 FRAGMENTATION_TOKENS = 16384
 PREEMPTION_SLOWDOWN = 1.5
 
@@ -63,7 +68,8 @@ class Truth:
 TRUTHS = [Truth("rescaled", "rescaled"), Truth("preemption", "preemption"), Truth("host_floor", "host_floor"),
           Truth("tp_comm", "tp_comm"), Truth("fragmentation", "fragmentation"), Truth("fast_engine", "fast_engine"),
           Truth("rollout_tp", "rollout_tp"), Truth("layout_sigma0.10", "layout", 0.10),
-          Truth("layout_sigma0.15", "layout", 0.15), Truth("layout_sigma0.25", "layout", 0.25)]
+          Truth("layout_sigma0.15", "layout", 0.15), Truth("layout_sigma0.25", "layout", 0.25),
+          Truth("quirk_sigma0.15", "quirk", 0.15)]
 TRUTH_BY_NAME = {t.name: t for t in TRUTHS}
 
 
@@ -138,7 +144,14 @@ class TruthEvaluator:
                 if p in peaks and tokens_per_micro_batch(cand, self.workload, forward_only=fwd, role=role,
                                                          layout=layout) >= FRAGMENTATION_TOKENS:
                     peaks[p] *= 1.08
-        elif effect == "layout":
+        if effect == "quirk":  # the layout's factors (below) and one per flag that is on
+            for flag in QUIRK_FLAGS:
+                if getattr(cand, flag):
+                    phase["update_actor"] *= _lognormal(self.seed, ("flag-update", flag), self.truth.sigma)
+                    for p in ("old_log_prob", "ref"):
+                        if p in phase:
+                            phase[p] *= _lognormal(self.seed, ("flag-forward", flag), self.truth.sigma)
+        if effect in ("layout", "quirk"):
             lay = tuple(getattr(cand, n) for n in LAYOUT_KNOBS)
             phase["update_actor"] *= _lognormal(self.seed, ("update",) + lay, self.truth.sigma)
             for p in ("old_log_prob", "ref"):

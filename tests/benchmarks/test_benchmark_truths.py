@@ -3,6 +3,8 @@
 import sys
 from pathlib import Path
 
+import math
+
 import pytest
 
 from autotune.spaces.candidate import Candidate
@@ -35,7 +37,8 @@ def _brute_force(machine: Machine, space: SearchSpace) -> float:
     return best
 
 
-@pytest.mark.parametrize("truth", ["layout_sigma0.25", "preemption", "fragmentation", "tp_comm", "rollout_tp"])
+@pytest.mark.parametrize("truth", ["layout_sigma0.25", "quirk_sigma0.15", "preemption", "fragmentation", "tp_comm",
+                                   "rollout_tp"])
 def test_exact_optimum_under_each_truth_equals_brute_force(truth):
     machine = Machine(TINY, TRUTH_BY_NAME[truth], machine_seed=1, run_seed=0)
     space = _space()
@@ -52,6 +55,21 @@ def test_structural_truths_change_what_the_model_predicts():
     assert steps["tp_comm"]["update_actor"] == pytest.approx(steps["rescaled"]["update_actor"] * (1 + 0.05 * (8 - 1)))
     assert steps["fast_engine"]["update_actor"] == pytest.approx(steps["rescaled"]["update_actor"] / 1.2)
     assert steps["rollout_tp"]["gen"] == pytest.approx(steps["rescaled"]["gen"] * 4 ** 0.25)
+
+
+def test_the_quirk_truth_gives_each_flag_that_is_on_its_own_factor():
+    """Issue 34: per-flag quirks beside the layout's: turning a flag on moves the training phases by that machine's
+    factor for the flag, the same for every layout."""
+    base = Candidate(gradient_checkpointing=False, use_liger=False)
+    machine = Machine(TINY, TRUTH_BY_NAME["quirk_sigma0.15"], machine_seed=3, run_seed=0)
+    plain = Machine(TINY, TRUTH_BY_NAME["layout_sigma0.15"], machine_seed=3, run_seed=0)
+    ratios = []
+    for cand in (base, base.with_(actor_engine="fsdp2")):
+        on = cand.with_(use_liger=True)
+        quirk = machine.ev(on)[2].phase_s["update_actor"] / machine.ev(cand)[2].phase_s["update_actor"]
+        layout = plain.ev(on)[2].phase_s["update_actor"] / plain.ev(cand)[2].phase_s["update_actor"]
+        ratios.append(quirk / layout)
+    assert ratios[0] == pytest.approx(ratios[1]) and abs(math.log(ratios[0])) > 1e-6
 
 
 def test_benchmark_smoke_every_method_spends_its_budget(monkeypatch, tmp_path):
