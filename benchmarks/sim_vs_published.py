@@ -44,6 +44,7 @@ from pathlib import Path
 import yaml
 
 from autotune.hardware import GpuSpec, get_gpu
+from autotune.model_config import resolve_model
 from autotune.models import get_model
 from autotune.model.calibration import DEFAULT_CONSTANTS, ModelConstants
 from autotune.model.cost import estimate_step_time
@@ -52,6 +53,7 @@ from autotune.spaces.layout import ParallelLayout
 from autotune.workload import Workload
 
 DATA = Path(__file__).parent / "data" / "published_grpo_runs.yaml"
+ROOT = Path(__file__).resolve().parents[1]
 GENERATIONS_PER_PROMPT = 16
 PROMPT_CAP, PROMPT_FILL = 512, 0.3
 VLLM_SHARE = 0.6
@@ -131,11 +133,15 @@ def summary(label: str, rs: list[float]) -> str:
 def phase_job(run: dict, mean_response: float) -> tuple:
     """(model, gpu, workload, candidate, layout) of a phase run at this mean response length."""
     spec = run["job"]
+    if spec["model"].startswith("model_configs/"):  # a model outside autotune's table: its config.json in tests/data
+        model = resolve_model(str(ROOT / "tests" / "data" / spec["model"]))
+    else:
+        model = get_model(spec["model"])
     workload = Workload(**spec["workload"], mean_response_length=mean_response)
     cand = Candidate(**spec["candidate"])
     per_node = min(run["gpus"], 8)
     layout = ParallelLayout.of(cand, workload, gpus_per_node=per_node, nodes=run["gpus"] // per_node)
-    return get_model(spec["model"]), gpu_of(spec["gpu"]), workload, cand, layout
+    return model, gpu_of(spec["gpu"]), workload, cand, layout
 
 
 def implied_mean(run: dict) -> float | None:
@@ -162,19 +168,24 @@ def rows_of(doc: dict) -> tuple[list[dict], list[str]]:
                  published=r["published"], gpus=r["gpus"], gpu=r["gpu"]) for r in doc["runs"]]
     missing = []
     for r in doc.get("phase_runs") or []:
+        common = dict(id=r["id"], source=r["source"], publisher=doc["phase_sources"][r["source"]]["publisher"],
+                      published=r["published"], gpus=r["gpus"], gpu=r["job"]["gpu"],
+                      assumed=r["job"].get("assumed", ""), fit=r.get("fit", True))
+        if "mean_response" in r:  # published: priced at it, never inferred
+            rows.append(dict(common, kind="phase-mean", job=phase_job(r, float(r["mean_response"]))))
+            continue
         mean = implied_mean(r)
         if mean is None:
             missing.append(r["id"])
             mean = float(r["job"]["workload"]["max_response_length"])
-        rows.append(dict(id=r["id"], source=r["source"], publisher=doc["phase_sources"][r["source"]]["publisher"],
-                         kind="phase", job=phase_job(r, mean), published=r["published"], gpus=r["gpus"],
-                         gpu=r["job"]["gpu"], implied_mean=mean, assumed=r["job"].get("assumed", "")))
+        rows.append(dict(common, kind="phase", job=phase_job(r, mean), implied_mean=mean))
     return rows, missing
 
 
 def fit_rows(rows: list[dict]) -> list[dict]:
-    """The rows a fit may use: those whose mean sequence length is published (NeMo-RL's), not inferred."""
-    return [r for r in rows if r["kind"] == "nemo"]
+    """The rows a fit may use: those whose mean sequence length is published, not inferred, and that run nothing
+    the model does not price (a row's `fit: false` says what)."""
+    return [r for r in rows if r["kind"] in ("nemo", "phase-mean") and r.get("fit", True)]
 
 
 def leave_out(rows: list[dict], key: str) -> list[float]:
@@ -230,14 +241,15 @@ def main() -> int:
     print(summary("priors (before the fit)   ", prior))
     print(summary("committed constants       ", default))
     print(summary("fitted (published means)  ", fitted_ratios))
-    for kind, label in (("nemo", "NeMo-RL rows (committed)  "), ("phase", "phase rows (committed)    ")):
+    for kind, label in (("nemo", "NeMo-RL rows (committed)  "), ("phase", "phase rows (committed)    "),
+                        ("phase-mean", "published-mean phase rows")):
         print(summary(label, [r for r, row in zip(default, rows) if row["kind"] == kind]))
     leave_out(rows, "source")
     leave_out(rows, "publisher")
     print("\nphase rows' assumptions (the data file has the rest):")
     for row in rows:
-        if row["kind"] == "phase":
-            print(f"  {row['id']}: {row['assumed']}")
+        if row["kind"] in ("phase", "phase-mean"):
+            print(f"  {row['id']}: {row['assumed']}" + ("" if row["fit"] else " (not fitted on)"))
     return 0
 
 
