@@ -177,6 +177,7 @@ def build_tune_config(args):
     from autotune.model_config import resolve_model
     from autotune.backends.select import choose_backend
     from autotune.search.driver import build_space
+    from autotune.verl.logprob_path import takes_logprob_loop
     from autotune.search.feasibility import require_fit
     from autotune.storage.urls import check_storage_url, default_storage_url
 
@@ -220,7 +221,9 @@ def build_tune_config(args):
                      budget=with_budget(tune.budget, getattr(args, "budget", None), args.gpus * args.nodes),
                      baseline=job.baseline if job else None, passthrough=job.passthrough if job else {},
                      source=str(args.from_job) if job else None, host_mem_gib=host_mem_gib,
-                     env=job.env if job else {})
+                     env=job.env if job else {},
+                     logprob_loop=takes_logprob_loop(choice.name, job.env if job else {},
+                                                     probes_here=getattr(args, "executor", "local") == "local"))
     build_space(cfg)  # validates fixed/ranges/tune_workload against the model and GPU count
     require_fit(model, gpu, cfg.workload, gpus_per_node=cfg.gpus_per_node, nodes=cfg.nodes)
     print(first_line(model, gpu, gpu_how, cfg.gpus_per_node, cfg.nodes, cfg.workload,
@@ -341,7 +344,8 @@ def cmd_estimate(args) -> int:
     if not args.json:
         print(first_line(job.model, gpu, gpu_how, gpus, nodes, workload, f"from {args.from_job}"))
     result = estimate(job.model, gpu, workload, job.baseline, gpus_per_node=gpus, nodes=nodes,
-                      profile=node_profile_for(gpu, job.passthrough, detected))
+                      profile=node_profile_for(gpu, job.passthrough, detected),
+                      logprob_loop=_logprob_loop_here(job.env, detected))
     if args.json:
         print(json.dumps({**result.as_dict(), "source": str(args.from_job), "model_path": job.model.model_path,
                           "shapes_from": job.model.shapes_from, "unresolved": list(job.unresolved),
@@ -381,15 +385,25 @@ def _estimate_flags(args) -> int:
     source = f"{model.model_path} with verl's default configuration"
     if args.json:
         print(json.dumps({**estimate(model, gpu, workload, cand, gpus_per_node=args.gpus, nodes=nodes,
-                                     profile=node_profile_for(gpu, {}, detected)).as_dict(),
+                                     profile=node_profile_for(gpu, {}, detected),
+                                     logprob_loop=_logprob_loop_here({}, detected)).as_dict(),
                           "source": source, "model_path": model.model_path, "shapes_from": model.shapes_from},
                          indent=2, default=str))
         return 0
     print(first_line(model, gpu, gpu_how, args.gpus, nodes, workload,
                      f"from {args.config}" if args.config else "autotune's default"))
     print(render(estimate(model, gpu, workload, cand, gpus_per_node=args.gpus, nodes=nodes,
-                          profile=node_profile_for(gpu, {}, detected)), source, ()))
+                          profile=node_profile_for(gpu, {}, detected),
+                          logprob_loop=_logprob_loop_here({}, detected)), source, ()))
     return 0
+
+
+def _logprob_loop_here(job_env: dict, detected) -> bool:
+    """Whether verl would take its per-token log-prob loop for a job run here: looked up on a GPU node (where the
+    estimate is for this node), else only the job's own VERL_DISABLE_FLASH_ATTN_CE."""
+    from autotune.verl.logprob_path import takes_logprob_loop
+
+    return takes_logprob_loop("verl" if detected is not None else "sim", job_env, probes_here=detected is not None)
 
 
 def cmd_run(args) -> int:

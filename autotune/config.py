@@ -159,6 +159,9 @@ class TuneConfig:
     env: dict = field(default_factory=dict)  # what the job's launch script exports: probes, best.yaml and train get it
     # RAM of one node where probes run (GiB): offloaded states must fit in it; None: not checked
     host_mem_gib: float | None = None
+    # verl computes log-probs with its per-token loop where the probes run (no flash-attn cross-entropy:
+    # autotune/verl/logprob_path.py); the time model prices it (model/cost.py logprob_loop_s)
+    logprob_loop: bool = False
 
     @property
     def world_size(self) -> int:

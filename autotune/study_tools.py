@@ -252,6 +252,7 @@ def worker_config(study, *, storage_url: str, trials: int, out_dir: Path, seed: 
     from autotune.search.driver import build_space
     from autotune.storage.results import identity_of, workload_of
     from autotune.storage.settings import stored_settings
+    from autotune.verl.logprob_path import takes_logprob_loop
 
     identity = identity_of(study)
     workload = workload_of(identity)
@@ -280,6 +281,7 @@ def worker_config(study, *, storage_url: str, trials: int, out_dir: Path, seed: 
                      trials=trials, storage_url=storage_url, study_name=study.study_name, out_dir=out_dir, seed=seed,
                      workload=workload, host_mem_gib=None if identity["backend"] == "sim" else detect_host_mem_gib(),
                      env=identity.get("env") or {},  # what the job's script exports: this worker's probes get it too
+                     logprob_loop=takes_logprob_loop(identity["backend"], identity.get("env") or {}, probes_here=True),
                      **settings)  # a worker probes on its own machine: its own RAM bounds the offload
     build_space(cfg)  # the same validation `run` does for fixed/ranges/tune_workload
     return cfg

@@ -38,7 +38,8 @@ def candidate_summary(c: dict) -> str:
                     else ""))
     saves = [name for key, name in (("gradient_checkpointing", "ckpt"), ("param_offload", "p-off"),
                                     ("optimizer_offload", "o-off"), ("activation_offload", "a-off"),
-                                    ("ref_param_offload", "ref-off"), ("use_liger", "liger")) if c.get(key)]
+                                    ("ref_param_offload", "ref-off"), ("use_liger", "liger"),
+                                    ("use_fused_kernels", "fused")) if c.get(key)]
     saves += ["no-compile"] if c.get("use_torch_compile") is False else []  # verl compiles by default
     return (f"{layout} | rollout tp{c['rollout_tp']} mem {c['gpu_memory_utilization']:.2f} seqs {c['max_num_seqs']} "
             f"| {batch} | {' '.join(saves) or 'no savers'}")
@@ -49,7 +50,7 @@ LEGEND = ("configuration: fsdp/fsdp2/megatron = actor engine (tp/pp/vpp/cp/ep = 
           "context/expert parallel sizes, sp = Ulysses sequence parallel); rollout tp = vLLM tensor parallel, mem = "
           "gpu_memory_utilization, seqs = max_num_seqs; micro A/B/C = ppo / log-prob / reference log-prob micro-batch per "
           "GPU; dyn A/B tok = dynamic batching, ppo / log-prob max tokens per GPU; ckpt = gradient checkpointing; p-off / "
-          "o-off / a-off / ref-off = param / optimizer / activation / reference-param offload; liger = use_liger; "
+          "o-off / a-off / ref-off = param / optimizer / activation / reference-param offload; liger = use_liger; fused = use_fused_kernels; "
           "no-compile = use_torch_compile off (verl's default is on)")
 
 

@@ -41,6 +41,7 @@ class ProbeRequest:
     # predicts an OOM, and a simulator shows that prediction instead of failing the job
     users_job: bool = False
     env: dict = field(default_factory=dict)  # what the user's launch script exports to the job's process
+    logprob_loop: bool = False  # verl's per-token log-prob loop where it runs (TuneConfig.logprob_loop)
 
 
 @dataclass(frozen=True, kw_only=True)

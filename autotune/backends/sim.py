@@ -69,7 +69,7 @@ class SimRunner(ProbeRunner):
                            f"{mem.capacity_gib:.1f} GiB", phase=mem.worst_phase, over_gib=mem.over_gib,
                            peak_mem_gib=mem.peak_gib)
         step = estimate_step_time(request.model, request.gpu, request.workload, request.candidate, layout,
-                                  constants=k)
+                                  constants=k, logprob_loop=request.logprob_loop)
         series: list[float] = []
         for i in range(1, request.warmup_steps + request.timed_steps + 1):
             tokens_per_s = step.tokens_per_s_per_gpu * self._noise()

@@ -45,6 +45,12 @@ class ActivationConstants:
     # (benchmarks/results/h200-2026-12-03-verl/trial1-probe.log: a 43.83 GiB allocation = 128 x 605 x 151936 x 4 B
     # inside entropy_from_logits); not fitted.
     verl_padded_entropy_forward_bytes: float = 12.0
+    # model.use_fused_kernels (impl_backend torch, verl's default): log-probs and entropy 512 tokens at a time from
+    # the LM head's input, forward and (recomputed) backward (utils/experimental/torch_functional.py:36-58, 104,
+    # 130, 183): per chunk token the bf16 logits, their fp32 copy, softmax and log_softmax, 2 + 4 + 4 + 4 bytes per
+    # vocabulary entry; the whole logits never exist. From the code, not fitted.
+    fused_chunk_tokens: int = 512
+    fused_chunk_bytes: float = 14.0
     # model.use_liger, from the code: Liger's SwiGLU keeps gate and up and recomputes SiLU(gate) in backward
     # (liger_kernel/ops/swiglu.py): one MLP-wide bf16 tensor less, 2 bytes per MLP unit. Its RMSNorm keeps
     # the bf16 input and one fp32 rstd per row (ops/rms_norm.py) where HF's Qwen2RMSNorm keeps an fp32
@@ -148,6 +154,15 @@ class SystemConstants:
     # +1.5% throughput. Applied to the actor update only.
     fsdp2_memory_factor: float = 0.93
     fsdp2_throughput_factor: float = 1.015
+    # verl's per-token log-prob loop where flash-attn's Triton cross-entropy is missing (autotune/verl/logprob_path.py:
+    # utils/torch_functional.py:180-206), seconds per real token of a rank's pass. It is host-bound (a few kernel
+    # launches per token), so it is the same for every micro-batch size and model width. Measured in verl itself as
+    # the drop from turning `model.use_fused_kernels` on (which skips the loop) on one H200, the job's 75084 tokens
+    # per step at step 2: old_log_prob 5.61 -> 2.19 s (45.5 us/token), ref 7.04 -> 2.86 s (55.7), update
+    # 21.91 -> 11.44 s (139.4) (benchmarks/results/h200-2026-12-06-fused). The loop by itself in that node's
+    # worker-less process: 31.6 us forward, 88.6 us forward + backward per token (bf16 logits, logprob_loop.txt).
+    logprob_loop_forward_s: float = 50.6e-6  # mean of old_log_prob's and ref's
+    logprob_loop_train_s: float = 139.4e-6  # forward + backward in the update, per PPO epoch
 
 
 # Fitted by `python benchmarks/fit_calibration.py` on 2026-12-02 (H200 rows; errors in docs/model.md).

@@ -318,8 +318,31 @@ def _update_weights_s(model: ModelSpec, gpu: GpuSpec, cand: Candidate, layout: P
     return s
 
 
+# The time model's revision: a node profile holds residuals against one model, so a model that prices a new cause
+# starts new profiles (storage/node_profile.py NodeKind.model). Bump it with every change to phase times.
+MODEL_REVISION = "2026-12-06-logprob-loop"
+
+
+def logprob_loop_s(workload: Workload, cand: Candidate, layout: ParallelLayout, *, forward_only: bool,
+                   k: ModelConstants) -> float:
+    """One rank's seconds in verl's per-token log-prob loop for one full-batch pass, on a node where verl takes it
+    (autotune/verl/logprob_path.py). The FSDP engine runs it over the real tokens of its micro-batches (both padding
+    paths narrow the logits to them first: engine/fsdp/transformer_impl.py:1416-1428, 1500-1522), each Ulysses rank
+    over its share; the fused log-prob (model.use_fused_kernels) and the Megatron engine's vocab-parallel
+    cross-entropy never call it."""
+    if cand.is_megatron or cand.use_fused_kernels:
+        return 0.0
+    tokens = layout.trajectories_per_rank * workload.mean_seq_len / cand.ulysses_sp
+    if forward_only:
+        return tokens * k.system.logprob_loop_forward_s
+    return tokens * k.system.logprob_loop_train_s * workload.ppo_epochs
+
+
 def estimate_step_time(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate,
-                       layout: ParallelLayout, *, constants: ModelConstants = DEFAULT_CONSTANTS) -> StepTime:
+                       layout: ParallelLayout, *, constants: ModelConstants = DEFAULT_CONSTANTS,
+                       logprob_loop: bool = False) -> StepTime:
+    """`logprob_loop`: verl computes log-probs with its per-token loop on the node (no flash-attn cross-entropy;
+    autotune/verl/logprob_path.py), priced by logprob_loop_s."""
     k = constants
     gen_s, concurrency = _rollout_s(model, gpu, workload, cand, layout, k)
     old_s, _ = _pass_s(model, gpu, workload, cand, layout, forward_only=True, role="actor", k=k)
@@ -336,6 +359,10 @@ def estimate_step_time(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand:
         moves = 2 * (2 + need_reference_policy(workload))  # load+offload around old_log_prob, (ref,) update
         update_s += moves / 2 * _host_copy_s(state.weights, gpu, k)
         old_s += _host_copy_s(state.weights, gpu, k)
+    if logprob_loop:
+        old_s += logprob_loop_s(workload, cand, layout, forward_only=True, k=k)
+        ref_s += logprob_loop_s(workload, cand, layout, forward_only=True, k=k) if need_reference_policy(workload) else 0
+        update_s += logprob_loop_s(workload, cand, layout, forward_only=False, k=k)
     sync_s = _update_weights_s(model, gpu, cand, layout, k)
     phase_s = {"gen": gen_s, "old_log_prob": old_s, "update_actor": update_s, "update_weights": sync_s}
     if need_reference_policy(workload):

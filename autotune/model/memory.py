@@ -92,6 +92,11 @@ def train_logits_bytes(model: ModelSpec, tokens: float, *, start_of_backward: bo
     return tokens * model.vocab_size * (retained + (transient if start_of_backward else 0.0))
 
 
+def fused_logits_bytes(model: ModelSpec, tokens: float, c: ActivationConstants = ACTIVATIONS) -> float:
+    """Logits memory of verl's fused log-prob (model.use_fused_kernels): one chunk's, forward or backward."""
+    return min(tokens, c.fused_chunk_tokens) * model.vocab_size * c.fused_chunk_bytes
+
+
 def forward_logits_bytes(model: ModelSpec, tokens: float, c: ActivationConstants = ACTIVATIONS,
                          verl: bool = False, compiled: bool = True, padded_entropy: bool = False) -> float:
     if not verl:
@@ -318,6 +323,8 @@ def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Ca
                                        # the Megatron engine never reads use_torch_compile (autotune/verl/keys.py)
                                        compiled=cand.use_torch_compile and not cand.is_megatron,
                                        padded_entropy=padded) / vocab_split
+        if cand.use_fused_kernels and not cand.is_megatron:
+            logits = fused_logits_bytes(model, tok, act_c)
         return (weights + optim_resident + ref_resident * (role != "ref") + state.gather_buffer
                 + frag * (act + logits) + sleeping_vllm + overhead)
 
@@ -342,6 +349,8 @@ def estimate_memory(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Ca
                                      liger=cand.use_liger)
     logits_start = train_logits_bytes(model, tok, start_of_backward=True, c=act_c, verl=True) / vocab_split
     logits_end = train_logits_bytes(model, tok, start_of_backward=False, c=act_c, verl=True) / vocab_split
+    if cand.use_fused_kernels and not cand.is_megatron:
+        logits_start = logits_end = fused_logits_bytes(model, tok, act_c)
     static = state.weights + ref_resident + state.gather_buffer + sleeping_vllm + overhead
     # gradient accumulation: from a mini-batch's second micro-batch on, the first ones' gradients are held
     # through the whole forward and backward (verl zero_grads once per mini-batch, dp_actor.update_policy)

@@ -596,6 +596,7 @@ def launch_request(ctx: StudyContext, study: optuna.Study, trial: optuna.Trial, 
     return ProbeRequest(model=cfg.model, gpu=cfg.gpu, n_gpus=cfg.gpus_per_node, nodes=cfg.nodes,
                         passthrough=cfg.passthrough, workload=workload, candidate=candidate, run_dir=run_dir,
                         trial_number=trial.number, warmup_steps=cfg.probe.warmup_steps,
-                        timed_steps=cfg.probe.timed_steps, users_job=users_job, env=dict(cfg.env))
+                        timed_steps=cfg.probe.timed_steps, users_job=users_job, env=dict(cfg.env),
+                        logprob_loop=cfg.logprob_loop)
 
 

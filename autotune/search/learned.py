@@ -62,7 +62,7 @@ from autotune.workload import Workload
 ROLLOUT = ("rollout_tp", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill")
 SCHEDULER = ("rollout_tp", "max_num_seqs", "enable_chunked_prefill", "max_num_batched_tokens")
 TRAIN_FLAGS = ("gradient_checkpointing", "activation_offload", "param_offload", "optimizer_offload", "use_liger",
-               "use_remove_padding", "use_torch_compile", "cuda_device_max_connections")
+               "use_fused_kernels", "use_remove_padding", "use_torch_compile", "cuda_device_max_connections")
 UPDATE_MICRO = ("use_dynamic_bsz", "ppo_micro_batch_size_per_gpu", "ppo_max_token_len_per_gpu")
 OLD_MICRO = ("use_dynamic_bsz", "log_prob_micro_batch_size_per_gpu", "log_prob_max_token_len_per_gpu")
 REF_MICRO = ("use_dynamic_bsz", "ref_log_prob_micro_batch_size_per_gpu", "log_prob_max_token_len_per_gpu",
@@ -172,7 +172,8 @@ _BASE_CACHE_MAX = 300_000
 def base_prediction(cfg: TuneConfig, cand: Candidate, workload: Workload) -> Base:
     """Rules, memory ratio and per-phase times from the analytic model (cached: the model does not change)."""
     # repr: a Workload may hold lists (the user's train files) and is then unhashable
-    key = (cfg.model.name, cfg.gpu.name, cfg.gpus_per_node, cfg.nodes, cfg.host_mem_gib, repr(workload), cand)
+    key = (cfg.model.name, cfg.gpu.name, cfg.gpus_per_node, cfg.nodes, cfg.host_mem_gib, cfg.logprob_loop, repr(workload),
+           cand)
     hit = _BASE_CACHE.get(key)
     if hit is not None:
         return hit
@@ -184,7 +185,7 @@ def base_prediction(cfg: TuneConfig, cand: Candidate, workload: Workload) -> Bas
         host_ok = estimate_host_memory(cfg.model, workload, cand, layout, gpus_per_node=cfg.gpus_per_node,
                                        capacity_gib=cfg.host_mem_gib).fits
         ratio = memory_ratio(mem) if mem.kv_cache_fits else math.inf
-        step = estimate_step_time(cfg.model, cfg.gpu, workload, cand, layout)
+        step = estimate_step_time(cfg.model, cfg.gpu, workload, cand, layout, logprob_loop=cfg.logprob_loop)
         base = Base(dict(step.phase_s), step.tokens_per_step, layout.world_size, ratio, host_ok)
     if len(_BASE_CACHE) > _BASE_CACHE_MAX:
         _BASE_CACHE.clear()

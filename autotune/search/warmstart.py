@@ -68,7 +68,8 @@ def predicted(cfg: TuneConfig, cand: Candidate, workload: Workload, gate: Memory
     if not estimate_host_memory(cfg.model, workload, cand, layout, gpus_per_node=cfg.gpus_per_node,
                                 capacity_gib=cfg.host_mem_gib, constants=constants).fits:
         return None
-    step = estimate_step_time(cfg.model, cfg.gpu, workload, cand, layout, constants=constants)
+    step = estimate_step_time(cfg.model, cfg.gpu, workload, cand, layout, constants=constants,
+                              logprob_loop=cfg.logprob_loop)
     if not factors:
         return step.tokens_per_s_per_gpu
     step_s = step.step_s + sum(s * (factors.get(p, 1.0) - 1.0) for p, s in step.phase_s.items())

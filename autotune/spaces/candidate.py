@@ -42,6 +42,9 @@ class Candidate:
     use_remove_padding: bool = True
     use_torch_compile: bool = True
     use_liger: bool = False  # fsdp only; Liger's RMSNorm, SwiGLU and RoPE kernels (needs liger-kernel)
+    # fsdp only; model.use_fused_kernels: log-probs and entropy from the LM head's input, 512 tokens at a time, the
+    # logits never whole (verl models/transformers/dense_common.py, utils/experimental/torch_functional.py)
+    use_fused_kernels: bool = False
     cuda_device_max_connections: int = 0  # 0: unset; megatron with TP/SP overlap wants 1
 
     @property

@@ -2,8 +2,9 @@
 
 A node profile holds, per GRPO phase, the log of measured over predicted seconds of every measured probe of every
 study run on one kind of node, and the step's seconds outside the timed phases. The kind is the key: GPU type,
-NVIDIA driver, torch, vLLM and verl versions, the attention implementation and the probe backend; any difference
-(a verl upgrade, flash-attention instead of SDPA) is another kind, so nothing is reused across it. Simulated
+NVIDIA driver, torch, vLLM and verl versions, the attention implementation, the probe backend and the time model's
+revision (model/cost.py MODEL_REVISION: the residuals are against it); any difference (a verl upgrade, flash-attention
+instead of SDPA, a model that prices a new cause) is another kind, so nothing is reused across it. Simulated
 probes never enter a profile.
 
 The profiles are small JSON files, one per kind, in `$AUTOTUNE_PROFILE_DIR` or `~/.cache/autotune/node-profiles/`,
@@ -22,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from autotune.model.cost import MODEL_REVISION
+
 PROFILE_ATTR = "node_profile"  # the study attribute: the profile a study started from (or why none)
 PROFILE_DIR_ENV = "AUTOTUNE_PROFILE_DIR"
 MIN_PROFILE_PROBES = 2  # one probe's residual is as much its configuration's as the node's
@@ -38,6 +41,8 @@ class NodeKind:
     verl: str
     attention: str
     backend: str
+    # residuals are measured against one revision of the time model: another revision starts another profile
+    model: str = MODEL_REVISION
 
     @property
     def id(self) -> str:
@@ -46,7 +51,7 @@ class NodeKind:
 
     def describe(self) -> str:
         return (f"{self.gpu}, driver {self.driver}, torch {self.torch}, vLLM {self.vllm}, verl {self.verl}, "
-                f"{self.attention} attention, {self.backend} probes")
+                f"{self.attention} attention, {self.backend} probes, time model {self.model}")
 
 
 def package_version(name: str) -> str:

@@ -198,6 +198,11 @@ def holds(passthrough: dict, engine: str, lora_rank: int = 0, rollout_tp: int | 
                         "verl requires rollout expert_parallel_size = tensor_model_parallel_size x "
                         "data_parallel_size (workers/config/rollout.py:294-297); autotune does not search the "
                         "rollout's data or expert parallel size"))
+    sum_pi = f"{A}.calculate_sum_pi_squared"
+    if passthrough.get(sum_pi) is True:
+        out.append(Hold("use_fused_kernels", (False,), (sum_pi,),
+                        "verl's fused log-prob does not compute sum(pi^2) and refuses the pair "
+                        "(workers/engine/fsdp/transformer_impl.py:1343-1346)"))
     return tuple(out)
 
 

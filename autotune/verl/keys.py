@@ -269,6 +269,12 @@ TABLE: tuple[Key, ...] = (
         engines=FSDP_ENGINES),
     Key(f"{M}.use_liger", "use_liger", "knob", f"{CONFIG}/model/hf_model.yaml:58", engines=FSDP_ENGINES,
         note="read by the FSDP engine only (engine/fsdp/transformer_impl.py:307-316)"),
+    # actor.use_fused_kernels follows it (actor/actor.yaml:167, oc.select); the reference runs the same model config.
+    # Searched for the FSDP engines only: the Megatron engine's fused path takes impl_backend triton alone
+    # (model/hf_model.yaml:64-67) and was never measured here; a Megatron job's own value passes through.
+    Key(f"{M}.use_fused_kernels", "use_fused_kernels", "knob", f"{CONFIG}/model/hf_model.yaml:61",
+        engines=FSDP_ENGINES,
+        note="FSDP engine: engine/fsdp/transformer_impl.py:323-329 (monkey patch), 1362 (log-probs from the model)"),
     # ---- Megatron engine ----
     Key("model_engine", None, "derived", f"{CONFIG}/ppo_trainer.yaml:9", engines=MEGATRON,
         note="a Hydra group choice, written as `model_engine=megatron` / `override model_engine`"),
