@@ -2,6 +2,9 @@
 
     PYTHONPATH=. python benchmarks/node_profile_h200.py > benchmarks/results/node_profile_h200.txt
 
+Twice: with the time model as it prices a node with flash-attn, and told what the node was (no flash-attn:
+verl's per-token log-prob loop, model/cost.py logprob_loop_s).
+
 Learns the profile (search/node_prior.study_rows: per phase the log of measured over predicted seconds of each
 measured probe) from the 18 configurations of the 2026-12-05 shared-launch study on one H200
 (benchmarks/results/h200-2026-12-05-verl-shared/autotune.db), then predicts each phase of the three measured probes
@@ -23,12 +26,14 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from sim_vs_verl_h200 import PHASES, compare  # noqa: E402
+from sim_vs_verl_h200 import PHASES, study_row  # noqa: E402
 
 from autotune.config import ProbeBudget, TuneConfig  # noqa: E402
 from autotune.hardware import get_gpu  # noqa: E402
-from autotune.models import model_from_identity  # noqa: E402
+from autotune.model.cost import estimate_step_time  # noqa: E402
+from autotune.models import get_model, model_from_identity  # noqa: E402
 from autotune.search.node_prior import study_rows  # noqa: E402
+from autotune.spaces.layout import ParallelLayout  # noqa: E402
 from autotune.storage.results import workload_of  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
@@ -36,20 +41,18 @@ SOURCE_DB = RESULTS / "h200-2026-12-05-verl-shared" / "autotune.db"
 HELD_OUT = [("h200-2026-12-03-verl-2", trial) for trial in (0, 1, 2)]
 
 
-def source_cfg(study: optuna.Study) -> TuneConfig:
+def source_cfg(study: optuna.Study, loop: bool) -> TuneConfig:
     identity = study.user_attrs["identity"]
     return TuneConfig(model=model_from_identity(identity), gpu=get_gpu(identity["gpu"]),
                       gpus_per_node=identity["gpus_per_node"], nodes=identity["nodes"], backend=identity["backend"],
                       trials=0, storage_url=f"sqlite:///{SOURCE_DB}", study_name=study.study_name,
                       out_dir=SOURCE_DB.parent, seed=0, workload=workload_of(identity), fixed={}, ranges={},
-                      tune_workload=(), probe=ProbeBudget(), passthrough=identity.get("passthrough") or {})
+                      tune_workload=(), probe=ProbeBudget(), passthrough=identity.get("passthrough") or {},
+                      logprob_loop=loop)
 
 
-def main() -> int:
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    url = f"sqlite:///{SOURCE_DB}"
-    study = optuna.load_study(study_name=optuna.get_all_study_summaries(url)[0].study_name, storage=url)
-    rows, others, probes = study_rows(study, source_cfg(study))
+def check(study: optuna.Study, loop: bool) -> None:
+    rows, others, probes = study_rows(study, source_cfg(study, loop))
     factor = {p: math.exp(statistics.median(r)) for p, r in rows.items()}
     print(f"profile from {SOURCE_DB.relative_to(RESULTS.parent.parent)}: {probes} measured probes")
     for phase in PHASES:
@@ -61,8 +64,11 @@ def main() -> int:
     print()
     print("held-out probes, step 2: predicted/measured per phase, without the profile -> with it")
     worst = {"without": [], "with": []}
+    model, gpu = get_model("qwen2.5-1.5b"), get_gpu("H200")
     for folder, trial in HELD_OUT:
-        m, step, _ = compare(folder, trial)
+        m, workload, cand = study_row(folder, trial)
+        layout = ParallelLayout.of(cand, workload, gpus_per_node=1, nodes=1)
+        step = estimate_step_time(model, gpu, workload, cand, layout, logprob_loop=loop)
         cells = []
         for phase in PHASES:
             measured = m[f"timing_s/{phase}"]
@@ -76,6 +82,17 @@ def main() -> int:
         within = sum(v <= 1.25 for v in values)
         print(f"{label:8s} the profile: phases within 1.25x {within}/{len(values)}, worst x{max(values):.2f}, "
               f"median error x{statistics.median(values):.2f}")
+
+
+def main() -> int:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    url = f"sqlite:///{SOURCE_DB}"
+    study = optuna.load_study(study_name=optuna.get_all_study_summaries(url)[0].study_name, storage=url)
+    print("## the time model without the per-token log-prob loop (as for a node with flash-attn)")
+    check(study, loop=False)
+    print()
+    print("## the time model told what the node was: no flash-attn, verl's per-token log-prob loop priced")
+    check(study, loop=True)
     return 0
 
 

@@ -11,7 +11,9 @@ mini-batch's token counts are all-gathered for the loss before it is split: `eng
 
 Everything else needs a new process: the actor engine and its layout, the rollout's TP and vLLM's engine arguments
 (`gpu_memory_utilization`, `max_num_seqs`, ...), offload, the model-level switches (remove-padding, Liger, compile,
-gradient checkpointing: applied when the model is built and wrapped), and dynamic batching (verl's start-up checks
+gradient checkpointing, fused kernels: applied when the model is built and wrapped; `use_fused_kernels` is in
+EngineConfig's mutable fields too, but the model's forward is patched for it once, at build:
+`engine/fsdp/transformer_impl.py:323-329`), and dynamic batching (verl's start-up checks
 and the trainer's own batch balance read it from the config; `engine_workers.py:616` asserts actor and rollout agree
 once, at init).
 """

@@ -96,6 +96,21 @@ def test_liger_saves_the_silu_output_and_the_norm_upcasts_of_every_layer():
     assert mem(base.with_(use_liger=True)).phase_peak_gib["update_actor"] < mem(base).phase_peak_gib["update_actor"]
 
 
+def test_fused_kernels_keep_one_chunk_of_logits_and_megatron_ignores_them():
+    """model.use_fused_kernels: verl's fused log-prob runs 512 tokens at a time from the LM head's input
+    (utils/experimental/torch_functional.py:104, 130), so the logits component is one chunk's, whatever the batch."""
+    from autotune.model.calibration import ACTIVATIONS
+
+    base = DEFAULT_7B.with_(ppo_micro_batch_size_per_gpu=8)
+    fused = mem(base.with_(use_fused_kernels=True))
+    assert fused.components_gib["logits"] == pytest.approx(
+        ACTIVATIONS.fused_chunk_tokens * Q7B.vocab_size * ACTIVATIONS.fused_chunk_bytes / 2**30)
+    assert fused.components_gib["logits"] < mem(base).components_gib["logits"]
+    for phase in ("old_log_prob", "update_actor"):
+        assert fused.phase_peak_gib[phase] < mem(base).phase_peak_gib[phase]
+    assert mem(MEGATRON_7B.with_(use_fused_kernels=True)) == mem(MEGATRON_7B)
+
+
 def test_activation_offload_lowers_activations():
     base = DEFAULT_7B.with_(ppo_micro_batch_size_per_gpu=16)
     assert mem(base.with_(activation_offload=True)).components_gib["activations"] < \

@@ -108,3 +108,19 @@ def test_shared_optimizer_fields_are_verls_base_optimizer_config():
     mcore_own = {f.name for f in fields(McoreOptimizerConfig)} - base - {'_target_'}
     assert fsdp_own & mcore_own == {"optimizer", "override_optimizer_config"}
     assert FSDPOptimizerConfig.optimizer != McoreOptimizerConfig.optimizer  # "AdamW" (torch.optim) vs "adam"
+
+
+def test_a_job_that_computes_sum_pi_squared_holds_fused_kernels_off():
+    """verl refuses calculate_sum_pi_squared with use_fused_kernels (engine/fsdp/transformer_impl.py:1343-1346): a job
+    that sets the first never gets the second from the search."""
+    from autotune.verl.engines import holds
+
+    script = _script(["actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct",
+                      "actor_rollout_ref.actor.calculate_sum_pi_squared=True"])
+    job = user_job(import_launch_text(script, source="sum_pi.sh"))
+    held = holds(job.passthrough, job.baseline.actor_engine, job.workload.lora_rank)
+    assert [h.knob for h in held] == ["use_fused_kernels"]
+    space = SearchSpace.build(get_model("qwen2.5-7b"), job.workload, gpus_per_node=8, nodes=1, holds=held)
+    assert space.domains["use_fused_kernels"].choices == (False,)
+    free = SearchSpace.build(get_model("qwen2.5-7b"), job.workload, gpus_per_node=8, nodes=1)
+    assert free.domains["use_fused_kernels"].choices == (False, True)

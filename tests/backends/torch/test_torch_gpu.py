@@ -173,3 +173,17 @@ def test_liger_kernels_keep_the_log_probs_and_the_probe_runs(tmp_path):
     update_peak = {name: r.extra["phase_peak_mem_gib"]["update_actor"]
                    for name, r in (("liger", with_liger), ("plain", without))}
     assert update_peak["liger"] < update_peak["plain"], update_peak
+
+
+def test_fused_kernels_probe_runs_under_fsdp2_and_holds_less_update_memory(tmp_path):
+    """verl's model.use_fused_kernels on the probe: log-probs 512 positions at a time from the hidden states,
+    recomputed in backward under FSDP2; every phase runs, and the update no longer holds a micro-batch's logits
+    (32 sequences x 384 positions x 151936 entries: gigabytes in bf16)."""
+    runner = TorchRunner(device="cuda", multi_gpu=False, request_overrides={"scale": {"trajectories": 32}})
+    plain = CANDIDATE.with_(ppo_micro_batch_size_per_gpu=32)
+    fused = runner.probe(gpu_request(tmp_path / "fused", plain.with_(use_fused_kernels=True)), lambda step, tps: False)
+    without = runner.probe(gpu_request(tmp_path / "plain", plain), lambda step, tps: False)
+    assert all(fused.phase_s[phase] > 0 for phase in PHASES)
+    update_peak = {name: r.extra["phase_peak_mem_gib"]["update_actor"]
+                   for name, r in (("fused", fused), ("plain", without))}
+    assert update_peak["fused"] < update_peak["plain"] - 1.0, update_peak

@@ -188,6 +188,44 @@ def test_packed_rows_give_the_log_probs_of_padded_rows():
     assert torch.allclose(got, expected, atol=1e-4)
 
 
+def test_fused_log_probs_and_entropy_and_their_gradients_equal_the_logits_path():
+    """model.use_fused_kernels (verl's fused log-prob, 512 positions at a time, recomputed in backward) computes what
+    the logits path does: the same log-probs, entropy and parameter gradients."""
+    torch.manual_seed(0)
+    prompt_lengths, response = [5, 9, 3], 4
+    sequences = [torch.randint(0, TINY_MODEL.vocab_size, (p + response,)) for p in prompt_lengths]
+    batch = padded_micro_batch(sequences, prompt_lengths, response, 16, torch.device("cpu"))
+    plain = _tiny_policy("sdpa")
+    fused = _tiny_policy("sdpa")
+    fused.load_state_dict(plain.state_dict())
+    fused.fused = True
+    grads = []
+    for policy in (plain, fused):
+        log_p, entropy = policy(batch, with_entropy=True)
+        (log_p.sum() + 0.1 * entropy.sum()).backward()
+        grads.append((log_p.detach(), entropy.detach(),
+                      {n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}))
+    (lp0, e0, g0), (lp1, e1, g1) = grads
+    assert torch.allclose(lp0, lp1, atol=1e-5) and torch.allclose(e0, e1, atol=1e-5)
+    assert g0.keys() == g1.keys() and g0
+    for name in g0:
+        assert torch.allclose(g0[name], g1[name], atol=1e-5), name
+
+
+def test_fused_log_probs_run_in_chunks_of_verls_size():
+    from autotune.backends.torch.probe.kernels import FUSED_CHUNK_TOKENS, fused_log_probs
+
+    seen = []
+    head = torch.nn.Linear(8, 50, bias=False)
+
+    def lm_head(h):
+        seen.append(h.shape[0])
+        return head(h)
+
+    fused_log_probs(torch.randn(1300, 8), lm_head, torch.randint(0, 50, (1300,)), None)
+    assert FUSED_CHUNK_TOKENS == 512 and seen == [512, 512, 276]
+
+
 def test_lora_reference_is_the_base_and_the_merged_copy_is_w_plus_scaled_ba():
     pytest.importorskip("peft")
     torch.manual_seed(0)

@@ -120,6 +120,30 @@ def token_log_probs(logits: torch.Tensor, labels: torch.Tensor, chunk_tokens: in
     return _LabelLogProbs.apply(logits, labels, chunk_tokens if not logits.is_cuda else LOGPROB_CUDA_CHUNK_TOKENS)
 
 
+# verl's fused log-prob (model.use_fused_kernels, impl_backend torch): FusedLinearForPPO's chunk_size default
+# (verl/utils/experimental/torch_functional.py:104, 221)
+FUSED_CHUNK_TOKENS = 512
+
+
+def fused_log_probs(hidden: torch.Tensor, lm_head: Callable, labels: torch.Tensor, entropy_fn: Callable | None,
+                    chunk_tokens: int = FUSED_CHUNK_TOKENS) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(label) (and the entropy) of [N, H] hidden states through the LM head, `chunk_tokens` rows at a time,
+    as verl's fused kernels compute them (utils/experimental/torch_functional.py:36-58, 130-150): each chunk's
+    logits in fp32, log_softmax and gather, then dropped; backward recomputes a chunk's logits from its hidden rows
+    (:183-206), here through activation checkpointing. The whole logits never exist."""
+    from torch.utils.checkpoint import checkpoint
+
+    def part(h: torch.Tensor, y: torch.Tensor):
+        logits = lm_head(h).float()
+        log_p = logits.log_softmax(-1).gather(-1, y[:, None]).squeeze(-1)
+        return (log_p, entropy_fn(logits)) if entropy_fn is not None else (log_p,)
+
+    parts = [checkpoint(part, hidden[s:s + chunk_tokens], labels[s:s + chunk_tokens], use_reentrant=False)
+             for s in range(0, hidden.shape[0], chunk_tokens)]
+    log_probs = torch.cat([p[0] for p in parts])
+    return log_probs, (torch.cat([p[1] for p in parts]) if entropy_fn is not None else None)
+
+
 def chunked_entropy(logits: torch.Tensor, entropy_fn: Callable, chunk_tokens: int = LOGPROB_CHUNK_TOKENS) -> torch.Tensor:
     return torch.cat([entropy_fn(logits[s:s + chunk_tokens]) for s in range(0, logits.shape[0], chunk_tokens)])
 

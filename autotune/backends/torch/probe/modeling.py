@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from autotune.backends.torch.probe.kernels import (PACKED_ATTENTION, chunked_entropy, entropy_from_logits,
-                                                   register_packed_attention, token_log_probs)
+                                                   fused_log_probs, register_packed_attention, token_log_probs)
 from autotune.models import ModelSpec
 from autotune.spaces.candidate import Candidate
 
@@ -112,21 +112,27 @@ class PolicyHead(torch.nn.Module):
     """Decoder + LM head -> log-probs (and entropy) of the response tokens, one module so FSDP2 can shard it.
 
     Logits are computed for every position as verl's forward does (the LM head FLOPs verl counts),
-    in bf16; only the fp32 log-softmax is chunked.
+    in bf16; only the fp32 log-softmax is chunked. `fused` (model.use_fused_kernels): verl's fused log-prob
+    instead, 512 positions at a time from the hidden states (kernels.fused_log_probs).
     """
 
-    def __init__(self, lm, entropy_fn: Callable) -> None:
+    def __init__(self, lm, entropy_fn: Callable, fused: bool = False) -> None:
         super().__init__()
         self.lm = lm
         self.entropy_fn = entropy_fn
+        self.fused = fused
 
     def forward(self, batch: MicroBatch, with_entropy: bool = False):
         hidden = self.lm.get_decoder()(input_ids=batch.input_ids, use_cache=False,
                                        **batch.decoder_kwargs()).last_hidden_state
-        logits = self.lm.get_output_embeddings()(hidden)
-        vocab = logits.shape[-1]
         # next token of each position; a sequence's last position (unused) reads its neighbour's first
         labels = torch.roll(batch.input_ids, shifts=-1, dims=1).reshape(-1)
+        if self.fused:
+            log_probs, entropy = fused_log_probs(hidden.reshape(-1, hidden.shape[-1]), self.lm.get_output_embeddings(),
+                                                 labels, self.entropy_fn if with_entropy else None)
+            return log_probs[batch.targets], (entropy[batch.targets] if with_entropy else None)
+        logits = self.lm.get_output_embeddings()(hidden)
+        vocab = logits.shape[-1]
         flat = logits.reshape(-1, vocab)
         log_probs = token_log_probs(flat, labels)[batch.targets]
         if not with_entropy:

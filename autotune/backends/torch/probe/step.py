@@ -91,7 +91,7 @@ class GrpoProbe:
             actor_lm = apply_lora(actor_lm, self.work.lora_rank, self.work.lora_target_modules)
         if cand.gradient_checkpointing:
             enable_gradient_checkpointing(actor_lm)
-        self.actor = PolicyHead(actor_lm, make_entropy_fn(cand))
+        self.actor = PolicyHead(actor_lm, make_entropy_fn(cand), fused=cand.use_fused_kernels)
         self.rollout = build_causal_lm(req.model, dtype=torch.bfloat16, device=device, max_len=max_len).eval()
         self.ref = None
         # With LoRA the reference is the actor with its adapters disabled (verl's ref_in_actor,
@@ -101,7 +101,7 @@ class GrpoProbe:
                                      attention=attention).eval()
             if cand.use_liger:  # the reference is built by the same engine code
                 apply_liger(ref_lm)
-            self.ref = PolicyHead(ref_lm, entropy_from_logits)
+            self.ref = PolicyHead(ref_lm, entropy_from_logits, fused=cand.use_fused_kernels)
         fsdp2_shard(self.actor, param_dtype=torch.bfloat16)
         if self.ref is not None:
             fsdp2_shard(self.ref, param_dtype=torch.bfloat16)
