@@ -398,12 +398,12 @@ def _estimate_flags(args) -> int:
     return 0
 
 
-def _logprob_loop_here(job_env: dict, detected) -> bool:
-    """Whether verl would take its per-token log-prob loop for a job run here: looked up on a GPU node (where the
-    estimate is for this node), else only the job's own VERL_DISABLE_FLASH_ATTN_CE."""
-    from autotune.verl.logprob_path import takes_logprob_loop
+def _logprob_loop_here(job_env: dict, detected) -> str | None:
+    """Why verl would take its per-token log-prob loop for a job run here (None: it would not): looked up on a GPU
+    node (where the estimate is for this node), else only the job's own VERL_DISABLE_FLASH_ATTN_CE."""
+    from autotune.verl.logprob_path import logprob_loop_reason
 
-    return takes_logprob_loop("verl" if detected is not None else "sim", job_env, probes_here=detected is not None)
+    return logprob_loop_reason("verl" if detected is not None else "sim", job_env, probes_here=detected is not None)
 
 
 def cmd_run(args) -> int:

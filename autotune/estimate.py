@@ -52,7 +52,8 @@ class Estimate:
     mfu_actor_model_flops: float = 0.0  # the FLOPs the update really computes (LoRA: 4N, not verl's 6N)
     simulated: bool = True
     node_profile: dict | None = None  # the profile the times are corrected by (node_profile_for), or why none
-    logprob_loop: bool = False  # verl's per-token log-prob loop is priced (autotune/verl/logprob_path.py)
+    # why verl's per-token log-prob loop is priced (autotune/verl/logprob_path.py), or None where it is not
+    logprob_loop: str | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -80,14 +81,14 @@ def node_profile_for(gpu: GpuSpec, passthrough: dict, detected=None) -> dict:
 
 
 def estimate(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate, *, gpus_per_node: int,
-             nodes: int, profile: dict | None = None, logprob_loop: bool = False) -> Estimate:
+             nodes: int, profile: dict | None = None, logprob_loop: str | None = None) -> Estimate:
     """`profile`: a node profile's summary; its per-phase measured/predicted factors correct the times.
-    `logprob_loop`: verl takes its per-token log-prob loop where the job runs (TuneConfig.logprob_loop)."""
+    `logprob_loop`: why verl takes its per-token log-prob loop where the job runs (None: it does not)."""
     layout = ParallelLayout.of(cand, workload, gpus_per_node=gpus_per_node, nodes=nodes)
     violations = [{"rule": v.rule, "message": v.message, "enforced_by": v.enforced_by, "source": v.source}
                   for v in check(model, workload, cand, layout)]
     mem = estimate_memory(model, gpu, workload, cand, layout)
-    step = estimate_step_time(model, gpu, workload, cand, layout, logprob_loop=logprob_loop)
+    step = estimate_step_time(model, gpu, workload, cand, layout, logprob_loop=logprob_loop is not None)
     domains = default_domains(model, workload, world=layout.world_size, gpus_per_node=gpus_per_node)
     largest = {}
     for knob, phases in LIMITING_KNOBS.items():
@@ -156,8 +157,7 @@ def render(e: Estimate, source: str, unresolved: tuple[str, ...], notes: tuple[s
         lines.append(f"  {describe_summary(e.node_profile)}"
                      + ("" if e.node_profile.get("none") else "; the times below are corrected by it"))
     if e.logprob_loop:
-        lines.append("  verl's per-token log-prob loop is priced: flash-attn's Triton cross-entropy is not installed here "
-                     "(or VERL_DISABLE_FLASH_ATTN_CE=1); model.use_fused_kernels avoids it")
+        lines.append(f"  verl's per-token log-prob loop is priced ({e.logprob_loop}); model.use_fused_kernels avoids it")
     for name in unresolved:
         lines.append(f"  not read statically: {name}")
     lines += [f"  {note}" for note in notes]

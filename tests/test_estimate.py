@@ -46,3 +46,24 @@ def test_estimate_corrects_each_phase_by_the_nodes_profile_and_says_so(h200_node
 def test_without_a_gpu_estimate_says_there_is_no_profile(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert estimate_module.node_profile_for(get_gpu("H200"), {}) == {"none": "no NVIDIA GPU detected here"}
+
+
+def test_estimate_prices_verls_log_prob_loop_where_the_job_forces_it_and_says_why(monkeypatch, capsys):
+    """The job's own VERL_DISABLE_FLASH_ATTN_CE=1 sends verl down its per-token loop on any node
+    (utils/torch_functional.py:95): `autotune estimate` prices it on a machine without a GPU too, and names why."""
+    from autotune.cli import main
+
+    monkeypatch.delenv("VERL_DISABLE_FLASH_ATTN_CE", raising=False)
+    monkeypatch.setattr("autotune.hardware.detect_gpus", lambda: None)
+    assert main(["estimate", "--model", "qwen2.5-1.5b", "--gpus", "1"]) == 0
+    plain = capsys.readouterr().out
+    monkeypatch.setenv("VERL_DISABLE_FLASH_ATTN_CE", "1")
+    assert main(["estimate", "--model", "qwen2.5-1.5b", "--gpus", "1"]) == 0
+    looped = capsys.readouterr().out
+    assert "log-prob loop" not in plain
+    assert "verl's per-token log-prob loop is priced (VERL_DISABLE_FLASH_ATTN_CE=1)" in looped
+
+    def step_s(text: str) -> float:
+        return float(text.split("time per step ")[1].split(" s")[0])
+
+    assert step_s(looped) > step_s(plain)

@@ -30,13 +30,19 @@ def flash_ce_installed() -> bool:
                for folder in spec.submodule_search_locations)
 
 
-def takes_logprob_loop(backend: str, job_env: dict, *, probes_here: bool) -> bool:
-    """Whether verl computes log-probs with its per-token loop where this study's probes run.
+def logprob_loop_reason(backend: str, job_env: dict, *, probes_here: bool) -> str | None:
+    """Why verl computes log-probs with its per-token loop where this study's probes run, or None where it does not.
 
     The job's own `VERL_DISABLE_FLASH_ATTN_CE=1` forces the loop anywhere. Otherwise only a verl backend whose
     probes run on this machine can look: the torch backend computes log-probs its own (vectorised) way, and the
     sim, or probes on other machines, assume verl's documented install (flash-attn present)."""
     env = {**os.environ, **{str(k): str(v) for k, v in (job_env or {}).items()}}
     if env.get(DISABLE_FLASH_CE_ENV, "0") == "1" and backend in ("verl", "sim"):
-        return True
-    return backend == "verl" and probes_here and not flash_ce_installed()
+        return f"{DISABLE_FLASH_CE_ENV}=1"
+    if backend == "verl" and probes_here and not flash_ce_installed():
+        return "flash-attn's Triton cross-entropy is not installed here"
+    return None
+
+
+def takes_logprob_loop(backend: str, job_env: dict, *, probes_here: bool) -> bool:
+    return logprob_loop_reason(backend, job_env, probes_here=probes_here) is not None
