@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, replace
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.verl.metrics import LAUNCH_ROLLOUT_KEY, THROUGHPUT_KEY
+
 CONSTRAINT_KEYS = ("rules", "memory")
 # study attribute: {trial number: posterior tokens/s/GPU} of each measured configuration where probes are noisy
 POSTERIOR_ATTR = "posterior_tokens_per_s_per_gpu"
@@ -131,8 +133,11 @@ def configuration_key(rec: TrialRecord) -> str:
 
 
 def timed_values(rec: TrialRecord) -> list[float]:
-    """A measured trial's timed steps, tokens/s (the warm-up is never in its series)."""
-    return [v for v in (rec.user_attrs.get("series") or {}).get("perf/throughput") or () if v and v > 0]
+    """A measured trial's timed steps, tokens/s (the warm-up is never in its series), as it was scored: a shared
+    launch's member at the launch's rollout (autotune/verl/metrics.py LAUNCH_ROLLOUT_KEY), else verl's own."""
+    series = rec.user_attrs.get("series") or {}
+    values = series.get(LAUNCH_ROLLOUT_KEY) or series.get(THROUGHPUT_KEY) or ()
+    return [v for v in values if v and v > 0]
 
 
 def pooled(measured: list[TrialRecord]) -> list[TrialRecord]:

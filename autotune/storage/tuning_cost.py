@@ -23,15 +23,18 @@ def tuning_cost(recs: list[TrialRecord], world_size: int, *, simulated: bool) ->
                 if isinstance(r.user_attrs.get("stage_s"), dict) and "ready_to_fit" in r.user_attrs["stage_s"]]
     steps = [r.user_attrs["step_s"] for r in launched if r.user_attrs.get("step_s")]
     # a shared launch times its first configuration again at its end (backends/verl/shared_launch.py): how far one
-    # step of the same configuration moved inside a launch, the noise any two of its members' scores carry
-    spreads = [r.user_attrs["launch"]["repeat_spread"] for r in launched
+    # step of the same configuration moved inside a launch, as scored (at the launch's rollout) and as verl logged it
+    repeats = [r.user_attrs["launch"] for r in launched
                if isinstance(r.user_attrs.get("launch"), dict) and r.user_attrs["launch"].get("repeat_spread") is not None]
+    spreads = [x.get("repeat_spread_at_launch_rollout", x["repeat_spread"]) for x in repeats]
+    logged = [x["repeat_spread"] for x in repeats]
     return {"probes": len(launched), "launches": len(launches), "gpu_hours": probe_s * world_size / 3600,
             "timed_step_gpu_hours": timed_s * world_size / 3600,
             "probe_efficiency": timed_s / probe_s if probe_s else None,
             "startup_s": statistics.median(startups) if startups else None,
             "step_s": statistics.median(steps) if steps else None,
-            "repeat_spread": max(spreads) if spreads else None, "simulated": simulated}
+            "repeat_spread": max(spreads) if spreads else None,
+            "repeat_spread_as_logged": max(logged) if logged else None, "simulated": simulated}
 
 
 def timed_step_s(user_attrs: dict) -> float:

@@ -280,3 +280,44 @@ def _series(steps: list[StepMetrics]) -> dict[str, list[float]]:
     """Raw per-step values (NaN kept) of every summarized key that was logged."""
     series = {key: [s.metrics[key] for s in steps if key in s.metrics] for key in _series_keys()}
     return {key: values for key, values in series.items() if values}
+
+
+# ---------------------------------------------------------------------------------------------
+# One rollout for every configuration of a shared launch
+# ---------------------------------------------------------------------------------------------
+
+# verl 0.9.1's v1 trainer times `gen` as its wait on the replay buffer (trainer/ppo/v1/trainer_base.py:565-574), and
+# the synchronous buffer checks for the finished rollout every 2.0 s (trainer/ppo/v1/replay_buffer.py:144, 409; not a
+# config key): a step's gen is the rollout rounded up to that grid. On the H200 and H100 runs of the recipe job every
+# gen was 10.1, 12.1, 14.1 or 16.2 s, so two steps of one vLLM engine differ by 2-4 s that no training knob caused.
+REPLAY_POLL_S = 2.0
+GEN_KEY = "timing_s/gen"
+TOKENS_KEY = "perf/total_num_tokens"
+# a shared launch member's per-step tokens/s with the launch's rollout (with_launch_rollout): what it is scored by
+LAUNCH_ROLLOUT_KEY = "autotune/throughput_at_launch_rollout"
+
+
+def launch_rollout(steps: Iterable[StepMetrics]) -> tuple[float, float] | None:
+    """(median gen seconds, median tokens) over the timed steps of one launch; None without both."""
+    usable = [s for s in steps if s.metrics.get(GEN_KEY, 0) > 0 and s.metrics.get(TOKENS_KEY, 0) > 0]
+    if not usable:
+        return None
+    return (statistics.median(s.metrics[GEN_KEY] for s in usable),
+            statistics.median(s.metrics[TOKENS_KEY] for s in usable))
+
+
+def with_launch_rollout(metrics: dict[str, float], rollout: tuple[float, float]) -> float | None:
+    """tokens/s/GPU of a step as if its rollout had taken the launch's median, scaled by the step's tokens.
+
+    Every configuration of a shared launch runs the same vLLM engine (their restart key holds the rollout settings),
+    and the knobs switched between steps are the trainer's micro-batches and token budgets, which the rollout never
+    reads: the differences between their gen times are the poll grid above and the batch, not the configuration.
+    None where the step lacks the figures."""
+    gen_s, tokens = rollout
+    try:
+        step_s, own_gen_s, n = metrics[STEP_TIME_KEY], metrics[GEN_KEY], metrics[TOKENS_KEY]
+        throughput = metrics[THROUGHPUT_KEY]
+    except KeyError:
+        return None
+    adjusted_s = step_s - own_gen_s + gen_s * n / tokens
+    return throughput * step_s / adjusted_s if adjusted_s > 0 else None

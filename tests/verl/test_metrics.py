@@ -333,3 +333,77 @@ def test_real_h200_jsonl_of_a_verl_probe_gives_its_score_and_phases():
     assert summary.phase_s["update_actor"] == pytest.approx(17.671, abs=1e-3)
     assert summary.mfu_actor == pytest.approx(0.047, abs=1e-3)
     assert summary.peak_mem_gib == pytest.approx(28.818, abs=1e-3)
+
+
+# ---- one rollout for every member of a shared launch (verl's 2-s replay-buffer poll) ----------------
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+
+
+def _real_steps(path: Path) -> list:
+    from autotune.verl.metrics import StepMetrics
+
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [StepMetrics(step=r["step"], metrics=r["data"]) for r in rows]
+
+
+def test_verl_times_gen_on_its_replay_buffers_poll_grid():
+    """The source of REPLAY_POLL_S, read from the installed verl: the sync trainer's gen timer wraps the replay
+    buffer's sample(), which sleeps poll_interval (2.0 s by default, not passed from the config) between checks."""
+    pytest.importorskip("verl")
+    import inspect
+
+    from verl.trainer.ppo.v1 import replay_buffer, trainer_base
+
+    from autotune.verl.metrics import REPLAY_POLL_S
+
+    assert inspect.signature(replay_buffer.ReplayBuffer.__init__).parameters["poll_interval"].default == REPLAY_POLL_S
+    assert "time.sleep(self.poll_interval)" in inspect.getsource(replay_buffer.ReplayBuffer._wait_for_next_poll)
+    step_once = inspect.getsource(trainer_base.PPOTrainer._step_once)  # trainer/ppo/v1/trainer_base.py:562-574
+    assert 'marked_timer("gen"' in step_once and "replay_buffer.sample(" in step_once
+    assert "poll_interval" not in inspect.getsource(trainer_base)  # the trainer never sets it
+
+
+def test_real_gen_times_sit_on_the_poll_grid():
+    """Every timed step of the 2026-12-05 H200 launch: gen is 0.1-0.2 s above a multiple of 2 s."""
+    steps = [s for s in _real_steps(RESULTS / "h200-2026-12-05-verl-shared/runs/trial0000/metrics.jsonl") if s.step >= 2]
+    assert len(steps) == 17
+    assert all(0.05 < s.metrics["timing_s/gen"] % 2.0 < 0.25 for s in steps)
+
+
+def test_the_launchs_rollout_brings_the_shared_and_the_separate_launches_within_10_percent():
+    """The exported best (trial 4, step 4) over the job (trial 0, steps 2 and 18) inside the 2026-12-05 launch, and
+    the same two as separate launches on 2026-12-06 (benchmarks/launch_rollout_h200.py): 24% apart as verl logged
+    them, 8% at one rollout; the job's own two steps in the launch, 18% apart, come within 10%."""
+    import statistics
+
+    from autotune.verl.metrics import launch_rollout, parse_console_line, with_launch_rollout
+
+    steps = {s.step: s for s in _real_steps(RESULTS / "h200-2026-12-05-verl-shared/runs/trial0000/metrics.jsonl")}
+    timed = [s for n, s in steps.items() if n >= 2]
+    rollout = launch_rollout(timed)
+    at = {n: with_launch_rollout(s.metrics, rollout) for n, s in steps.items() if n >= 2}
+    raw = {n: s.metrics["perf/throughput"] for n, s in steps.items() if n >= 2}
+
+    def spread(a, b):
+        return abs(a - b) / ((a + b) / 2)
+
+    assert spread(raw[2], raw[18]) > 0.18 and spread(at[2], at[18]) < 0.10
+
+    def step2(name):
+        merged = {}
+        for line in (RESULTS / "h200-2026-12-06-fused" / name).read_text(errors="replace").splitlines():
+            parsed = parse_console_line(line)
+            if parsed is not None and parsed.step == 2:
+                merged.update(parsed.metrics)
+        return merged
+
+    job, best = step2("rmpad_off.log"), step2("train_best.txt")
+    pair = (statistics.median([job["timing_s/gen"], best["timing_s/gen"]]),
+            statistics.median([job["perf/total_num_tokens"], best["perf/total_num_tokens"]]))
+    inside_raw = raw[4] / statistics.mean([raw[2], raw[18]])
+    separate_raw = best["perf/throughput"] / job["perf/throughput"]
+    inside = at[4] / statistics.mean([at[2], at[18]])
+    separate = with_launch_rollout(best, pair) / with_launch_rollout(job, pair)
+    assert inside_raw / separate_raw > 1.2
+    assert abs(inside / separate - 1) < 0.10

@@ -7,6 +7,12 @@ step's per-step knobs from a schedule: the launch's warm-up steps run the first 
 configuration runs its timed steps. The trainer records every switch and what the workers then hold; a step is
 credited to a configuration only when that record says the workers held it.
 
+Members are scored with the launch's rollout: each step's tokens/s as if its gen had taken the launch's median
+(scaled by its tokens; autotune/verl/metrics.py with_launch_rollout). They share one vLLM engine whose settings the
+switched knobs never touch, and verl times gen on a 2-s poll grid, which made 2-4 s of a 36-51 s step on the H200
+(2026-12-05: the exported best scored x1.30 over the job inside the launch, x1.05 in separate launches of both; with
+the launch's rollout x1.24 and x1.15). verl's own per-step figures stay in the series, unchanged.
+
 A failure ends the launch. An OOM in a step is that step's configuration's (graded as for a probe of its own):
 those measured before it keep their results and a new launch measures the rest. Any other failure (a crash, a
 hang, the environment), and any failure before the first step (the start-up every member shares), is given to
@@ -18,11 +24,12 @@ from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 from autotune.backends.base import ProbeRequest, ProbeResult, StepReporter, share_launch_wall
 from autotune.errors import ProbeCrashed, ProbeOOM, ProbeRejected
-from autotune.verl.metrics import summarize
+from autotune.verl.metrics import LAUNCH_ROLLOUT_KEY, launch_rollout, summarize, with_launch_rollout
 from autotune.verl.step_knobs import (SCHEDULE_ENV, SWITCH_LOG_SUFFIX, TRAINER_MODE, restart_key, schedule,
                                       step_values)
 
@@ -98,12 +105,14 @@ def one_launch(runner, requests: list[ProbeRequest], reports: list[StepReporter]
         share_launch_wall(outcomes, outcome.wall_s)
         return outcomes
     failing = next((s for s in range(1, len(plan) + 1) if s not in stream.steps), None)
+    timed = [stream.steps[s] for s in range(lead.warmup_steps + 1, len(plan) + 1) if s in stream.steps]
+    rollout = launch_rollout(timed) if len(requests) > 1 else None
     for i, request in enumerate(requests):
         own = [s for s in range(1, len(plan) + 1) if plan[s - 1] == i and s > lead.warmup_steps]
         if all(s in stream.steps for s in own[:request.timed_steps]):  # the repeat at the end is a bonus
             own = [s for s in own if s in stream.steps]
             outcomes[i] = _result(i, own, plan, lead.warmup_steps, stream, samples, run_dir, requests, log_path,
-                                  outcome.wall_s, result_of)
+                                  outcome.wall_s, result_of, rollout)
     if error is not None and failing is not None:
         started = failing in held  # the trainer reached the step: it is that configuration's, not the start-up's
         if started or isinstance(error, ProbeRejected):
@@ -125,8 +134,10 @@ def one_launch(runner, requests: list[ProbeRequest], reports: list[StepReporter]
 
 
 def _result(i: int, own: list[int], plan: list[int], warmup: int, stream, samples, run_dir: Path,
-            requests: list[ProbeRequest], log_path: Path, wall_s: float, result_of) -> ProbeResult:
-    """Configuration i's result from its own steps; the first configuration's memory includes the warm-up."""
+            requests: list[ProbeRequest], log_path: Path, wall_s: float, result_of,
+            rollout: tuple[float, float] | None = None) -> ProbeResult:
+    """Configuration i's result from its own steps; the first configuration's memory includes the warm-up; scored
+    with the launch's rollout where there is one (`rollout`: launch_rollout over the launch's timed steps)."""
     steps = ([stream.steps[s] for s in range(1, warmup + 1)] if i == 0 else []) + [stream.steps[s] for s in own]
     summary = summarize(steps, warmup if i == 0 else 0)
     spans = sample_spans(i, own, stream)
@@ -138,7 +149,16 @@ def _result(i: int, own: list[int], plan: list[int], warmup: int, stream, sample
     if i == 0 and len(own) > requests[0].timed_steps and len(series) >= 2:
         # the same configuration timed at the start and at the end of the launch: the step-to-step spread
         extra["launch"]["repeat_spread"] = round((max(series) - min(series)) / statistics.mean(series), 4)
-    return result_of(summary, steps, stream, window, extra)
+    result = result_of(summary, steps, stream, window, extra)
+    adjusted = [with_launch_rollout(stream.steps[s].metrics, rollout) for s in own] if rollout else []
+    if not adjusted or None in adjusted:
+        return result
+    launch = {**extra["launch"], "rollout_gen_s": round(rollout[0], 3), "rollout_tokens": rollout[1],
+              "measured_tokens_per_s_per_gpu": result.tokens_per_s_per_gpu}
+    if "repeat_spread" in launch and len(adjusted) >= 2:
+        launch["repeat_spread_at_launch_rollout"] = round((max(adjusted) - min(adjusted)) / statistics.mean(adjusted), 4)
+    return replace(result, tokens_per_s_per_gpu=statistics.median(adjusted),
+                   series={**result.series, LAUNCH_ROLLOUT_KEY: adjusted}, extra={**result.extra, "launch": launch})
 
 
 def sample_spans(i: int, own: list[int], stream) -> list[tuple[float, float]]:

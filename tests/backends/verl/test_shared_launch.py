@@ -62,6 +62,29 @@ def test_one_launch_measures_every_configuration_on_its_own_steps(tmp_path):
     assert read_switches(tmp_path / "trial3" / "step_schedule.json.switches.jsonl") == {1: 0, 2: 0, 3: 1, 4: 2, 5: 0}
 
 
+def test_members_are_scored_at_the_launchs_rollout_and_keep_verls_own_figures(tmp_path):
+    """verl times gen on a 2-s poll grid (autotune/verl/metrics.py REPLAY_POLL_S): the member whose step drew a 4.1 s
+    rollout would rank below a slower one that drew 2.1 s. Scored at the launch's median rollout, the ranking follows
+    the switched micro-batch; verl's per-step figures stay in the series and the raw score in the launch record."""
+    from autotune.verl.metrics import LAUNCH_ROLLOUT_KEY
+
+    requests = [_request(tmp_path, n, micro) for n, micro in ((3, 2), (4, 8), (5, 4))]
+    reports = [lambda step, tps: True for _ in requests]
+    outcomes = _runner(AUTOTUNE_DOUBLE_GEN="6.1,2.1,4.1,2.1,4.1").probe_group(requests, reports)
+    raw = [o.extra["launch"]["measured_tokens_per_s_per_gpu"] for o in outcomes]
+    scored = [o.tokens_per_s_per_gpu for o in outcomes]
+    assert raw[1] < raw[0]  # micro 8 drew the slow poll and measured below micro 2
+    assert scored[0] < scored[2] < scored[1]  # at one rollout: micro 2 < 4 < 8
+    train = {micro: 8.0 / (1 + micro / 100) for micro in (2, 4, 8)}
+    assert scored[1] == pytest.approx(8000 / (3.1 + train[8]))  # the median of the timed steps' gen: 3.1 s
+    assert all(o.extra["launch"]["rollout_gen_s"] == 3.1 for o in outcomes)
+    assert outcomes[1].series["perf/throughput"] == [pytest.approx(8000 / (4.1 + train[8]))]
+    assert outcomes[1].series[LAUNCH_ROLLOUT_KEY] == [pytest.approx(scored[1])]
+    # the repeat of the first at the launch's end drew another rollout: its spread is the poll grid's alone
+    assert outcomes[0].extra["launch"]["repeat_spread"] > 0.1
+    assert outcomes[0].extra["launch"]["repeat_spread_at_launch_rollout"] == 0.0
+
+
 def test_an_oom_in_the_middle_marks_that_configuration_and_a_new_launch_measures_the_rest(tmp_path):
     requests = [_request(tmp_path, n, micro) for n, micro in ((3, 2), (4, 16), (5, 8))]
     outcomes = _runner(AUTOTUNE_DOUBLE_OOM_MICRO="16").probe_group(requests, [lambda *_: False] * 3)

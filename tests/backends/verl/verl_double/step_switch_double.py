@@ -62,6 +62,12 @@ def main():
                 "timing_s/ref": 0.3, "timing_s/update_actor": 1.0, "timing_s/update_weights": 0.1,
                 "timing_s/step": 3.2, "perf/throughput": throughput, "perf/mfu/actor": 0.3,
                 "actor/perf/max_memory_allocated_gb": 10.0 + micro, "actor/perf/max_memory_reserved_gb": 50.0}
+        gens = os.environ.get("AUTOTUNE_DOUBLE_GEN")  # per step, comma-separated: a rollout timed on verl's poll grid
+        if gens:
+            gen = float(gens.split(",")[(step - 1) % len(gens.split(","))])
+            train_s, tokens = 8.0 / (1 + micro / 100), 8000.0  # the switched micro-batch drives the training only
+            data.update({"timing_s/gen": gen, "timing_s/step": gen + train_s, "perf/total_num_tokens": tokens,
+                         "perf/throughput": tokens / (gen + train_s)})
         metrics.write((json.dumps({"step": step, "data": data}) + "\n").encode())
         print(PREFIX + " - ".join([f"step:{step}"] + [f"{k}:{v}" for k, v in data.items()]), flush=True)
 
