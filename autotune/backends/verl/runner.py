@@ -137,7 +137,8 @@ class StepStream:
     def stage_s(self, wall_s: float) -> dict[str, float]:
         """Seconds from the launch to each start-up stage, each step (as it arrived) and the end."""
         for step, arrived in sorted(self.arrived_s.items()):
-            self.clock.see_step(step, arrived - self.started_s)
+            # a step read after the process ended (its JSONL line, read once more at exit) ended no later than it
+            self.clock.see_step(step, min(arrived - self.started_s, wall_s))
         return {**self.clock.seconds, "end": round(wall_s, 2)}
 
     def poll(self) -> bool:
