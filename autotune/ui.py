@@ -135,7 +135,9 @@ def print_trials(study: optuna.Study) -> None:
             label = " (SIMULATED)" if r.user_attrs.get("simulated") else ""
             who = (f"trials {', '.join(map(str, launch['trials']))} (one launch)" if len(launch.get("trials") or ()) > 1
                    else f"trial {r.number}")
-            _console.print(f"  {who}{label}: {describe_stages(r.user_attrs['stage_s'])}", markup=False,
+            scored = (f"; scored at the launch's rollout, gen {launch['rollout_gen_s']:.1f} s (verl times gen on a "
+                      "2-s poll)" if launch.get("rollout_gen_s") is not None else "")
+            _console.print(f"  {who}{label}: {describe_stages(r.user_attrs['stage_s'])}{scored}", markup=False,
                            soft_wrap=True)
     label = baseline_label(study)
     base = baseline_record(study)

@@ -127,6 +127,31 @@ def test_a_verl_study_shares_launches_and_grades_an_oom_in_the_middle(tmp_path):
     assert all(t.user_attrs["candidate"]["ppo_micro_batch_size_per_gpu"] == 32 for t in ooms)
 
 
+def test_a_verl_studys_shared_launch_members_are_scored_at_the_launchs_rollout_and_show_says_so(tmp_path, capsys):
+    """Rollouts timed on verl's 2-s poll grid (the TEST DOUBLE draws 6.1, 2.1, 4.1 s by the step): each member's
+    stored score is at the launch's median rollout, verl's own figures stay in its series, `show` names the rollout."""
+    from autotune.ui import print_trials
+    from autotune.verl.metrics import LAUNCH_ROLLOUT_KEY
+
+    env = {**os.environ, "PYTHONPATH": f"{DOUBLE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "AUTOTUNE_DOUBLE_GEN": "6.1,2.1,4.1"}
+    runner = VerlRunner(limits=ProbeLimits(deadline_s=60, idle_timeout_s=30, kill_grace_s=2), env=env,
+                        shared_entry="step_switch_double")
+    cfg = _cfg(tmp_path, trials=4, backend="verl", probe=ProbeBudget(warmup_steps=1, timed_steps=1, configs_per_launch=4),
+               search=_no_extras(), fixed={"use_dynamic_bsz": False, "use_liger": False})
+    study = run_study(cfg, runner)
+    shared = [t for t in study.trials if t.user_attrs.get("state") == "measured"
+              and len((t.user_attrs.get("launch") or {}).get("trials") or ()) > 1]
+    assert shared
+    for t in shared:
+        gen = t.user_attrs["launch"]["rollout_gen_s"]
+        micro = t.user_attrs["candidate"]["ppo_micro_batch_size_per_gpu"]
+        assert t.user_attrs["tokens_per_s_per_gpu"] == pytest.approx(8000 / (gen + 8.0 / (1 + micro / 100)))
+        assert t.user_attrs["series"][LAUNCH_ROLLOUT_KEY] and t.user_attrs["series"]["perf/throughput"]
+    print_trials(study)
+    assert "scored at the launch's rollout, gen" in capsys.readouterr().out
+
+
 def _scored(ei, step_s, micro=4):
     return Scored(ei, 1000.0, Candidate(ppo_micro_batch_size_per_gpu=micro), Workload(), step_s)
 
