@@ -65,3 +65,16 @@ def test_every_script_imports_with_the_values_its_error_asks_for():
     for path in SCRIPTS:
         imported, _ = import_script(path, model_name=script_model(path))
         assert not imported.unresolved_keys, path.name
+
+
+@pytest.mark.parametrize("name, args", [("run_qwen3moe-30b_megatron_96gb.sh", ["data.val_files=/data/aime24.parquet"]),
+                                        ("run_qwen3-235b_megatron_96gb.sh", [])])
+def test_an_eager_rollout_is_kept_and_the_import_says_the_model_prices_cuda_graphs(name, args):
+    """verl's own scripts that set rollout.enforce_eager=True (with the value the 30B script's import asks for): the
+    key passes through unchanged, and the first lines say that the time model prices vLLM's decode with CUDA graphs
+    (the eager H200 recipe job: gen 3-4x the model)."""
+    path = EXAMPLES / name
+    imported = import_launch_script(path, {"HOME": "/home/user"}).with_arguments(args)
+    job = user_job(imported, model_name=script_model(path))
+    assert job.passthrough.get("actor_rollout_ref.rollout.enforce_eager") is True
+    assert any(n.startswith("rollout.enforce_eager=True: kept") for n in job.notes), job.notes
