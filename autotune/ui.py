@@ -50,8 +50,8 @@ LEGEND = ("configuration: fsdp/fsdp2/megatron = actor engine (tp/pp/vpp/cp/ep = 
           "context/expert parallel sizes, sp = Ulysses sequence parallel); rollout tp = vLLM tensor parallel, mem = "
           "gpu_memory_utilization, seqs = max_num_seqs; micro A/B/C = ppo / log-prob / reference log-prob micro-batch per "
           "GPU; dyn A/B tok = dynamic batching, ppo / log-prob max tokens per GPU; ckpt = gradient checkpointing; p-off / "
-          "o-off / a-off / ref-off = param / optimizer / activation / reference-param offload; liger = use_liger; fused = use_fused_kernels; "
-          "no-compile = use_torch_compile off (verl's default is on)")
+          "o-off / a-off / ref-off = param / optimizer / activation / reference-param offload; liger = use_liger; "
+          "fused = use_fused_kernels; no-compile = use_torch_compile off (verl's default is on)")
 
 
 def trial_line(t: optuna.trial.FrozenTrial) -> str:

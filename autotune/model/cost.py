@@ -360,8 +360,10 @@ def estimate_step_time(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand:
         update_s += moves / 2 * _host_copy_s(state.weights, gpu, k)
         old_s += _host_copy_s(state.weights, gpu, k)
     if logprob_loop:
-        old_s += logprob_loop_s(workload, cand, layout, forward_only=True, k=k)
-        ref_s += logprob_loop_s(workload, cand, layout, forward_only=True, k=k) if need_reference_policy(workload) else 0
+        forward_loop_s = logprob_loop_s(workload, cand, layout, forward_only=True, k=k)
+        old_s += forward_loop_s
+        if need_reference_policy(workload):
+            ref_s += forward_loop_s
         update_s += logprob_loop_s(workload, cand, layout, forward_only=False, k=k)
     sync_s = _update_weights_s(model, gpu, cand, layout, k)
     phase_s = {"gen": gen_s, "old_log_prob": old_s, "update_actor": update_s, "update_weights": sync_s}

@@ -172,8 +172,8 @@ _BASE_CACHE_MAX = 300_000
 def base_prediction(cfg: TuneConfig, cand: Candidate, workload: Workload) -> Base:
     """Rules, memory ratio and per-phase times from the analytic model (cached: the model does not change)."""
     # repr: a Workload may hold lists (the user's train files) and is then unhashable
-    key = (cfg.model.name, cfg.gpu.name, cfg.gpus_per_node, cfg.nodes, cfg.host_mem_gib, cfg.logprob_loop, repr(workload),
-           cand)
+    key = (cfg.model.name, cfg.gpu.name, cfg.gpus_per_node, cfg.nodes, cfg.host_mem_gib, cfg.logprob_loop,
+           repr(workload), cand)
     hit = _BASE_CACHE.get(key)
     if hit is not None:
         return hit

@@ -23,7 +23,8 @@ from autotune.spaces.candidate import Candidate
 from autotune.workload import Workload
 
 ENGINES = ("fsdp", "fsdp2", "megatron")
-FSDP_ONLY = ("ulysses_sp", "activation_offload", "use_liger", "use_torch_compile", "use_fused_kernels")  # keys.py rows, engines=FSDP
+# keys.py rows, engines=FSDP
+FSDP_ONLY = ("ulysses_sp", "activation_offload", "use_liger", "use_torch_compile", "use_fused_kernels")
 MEGATRON_ONLY = ("actor_tp", "actor_pp", "actor_vpp", "actor_cp", "actor_ep", "actor_etp", "cuda_device_max_connections")
 STATIC_ONLY = ("ppo_micro_batch_size_per_gpu", "log_prob_micro_batch_size_per_gpu", "ref_log_prob_micro_batch_size_per_gpu")
 DYNAMIC_ONLY = ("ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu")

@@ -105,15 +105,21 @@ def test_the_members_of_a_dead_tuners_launch_are_failed_and_retried(tmp_path):
     assert len(study.get_trials(states=(TrialState.WAITING,))) == 3, "each one is queued again"
 
 
-def test_a_verl_study_shares_launches_and_grades_an_oom_in_the_middle(tmp_path):
-    """The verl backend through the one study loop, its launches run by the step-switch TEST DOUBLE."""
-    env = {**os.environ, "PYTHONPATH": f"{DOUBLE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "AUTOTUNE_DOUBLE_OOM_MICRO": "32"}
+def _verl_double_study(tmp_path, trials: int, **double_env):
+    """A verl study of `trials` through the one study loop, its launches run by the step-switch TEST DOUBLE
+    (`double_env`: how the double behaves), up to 4 configurations a launch."""
+    env = {**os.environ, "PYTHONPATH": f"{DOUBLE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **double_env}
     runner = VerlRunner(limits=ProbeLimits(deadline_s=60, idle_timeout_s=30, kill_grace_s=2), env=env,
                         shared_entry="step_switch_double")
-    cfg = _cfg(tmp_path, trials=8, backend="verl", probe=ProbeBudget(warmup_steps=1, timed_steps=1, configs_per_launch=4),
-               search=_no_extras(), fixed={"use_dynamic_bsz": False, "use_liger": False})
-    study = run_study(cfg, runner)
+    cfg = _cfg(tmp_path, trials=trials, backend="verl",
+               probe=ProbeBudget(warmup_steps=1, timed_steps=1, configs_per_launch=4), search=_no_extras(),
+               fixed={"use_dynamic_bsz": False, "use_liger": False})
+    return run_study(cfg, runner)
+
+
+def test_a_verl_study_shares_launches_and_grades_an_oom_in_the_middle(tmp_path):
+    """The verl backend through the one study loop, its launches run by the step-switch TEST DOUBLE."""
+    study = _verl_double_study(tmp_path, 8, AUTOTUNE_DOUBLE_OOM_MICRO="32")
     assert not study.get_trials(states=(TrialState.RUNNING,))
     launched = [t for t in study.trials if t.user_attrs.get("launched")]
     invocations = (tmp_path / "runs" / "launches.jsonl").read_text().splitlines()
@@ -133,13 +139,7 @@ def test_a_verl_studys_shared_launch_members_are_scored_at_the_launchs_rollout_a
     from autotune.ui import print_trials
     from autotune.verl.metrics import LAUNCH_ROLLOUT_KEY
 
-    env = {**os.environ, "PYTHONPATH": f"{DOUBLE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "AUTOTUNE_DOUBLE_GEN": "6.1,2.1,4.1"}
-    runner = VerlRunner(limits=ProbeLimits(deadline_s=60, idle_timeout_s=30, kill_grace_s=2), env=env,
-                        shared_entry="step_switch_double")
-    cfg = _cfg(tmp_path, trials=4, backend="verl", probe=ProbeBudget(warmup_steps=1, timed_steps=1, configs_per_launch=4),
-               search=_no_extras(), fixed={"use_dynamic_bsz": False, "use_liger": False})
-    study = run_study(cfg, runner)
+    study = _verl_double_study(tmp_path, 4, AUTOTUNE_DOUBLE_GEN="6.1,2.1,4.1")
     shared = [t for t in study.trials if t.user_attrs.get("state") == "measured"
               and len((t.user_attrs.get("launch") or {}).get("trials") or ()) > 1]
     assert shared

@@ -148,7 +148,7 @@ def _result(i: int, own: list[int], plan: list[int], warmup: int, stream, sample
     series = summary.series.get("perf/throughput") or []
     if i == 0 and len(own) > requests[0].timed_steps and len(series) >= 2:
         # the same configuration timed at the start and at the end of the launch: the step-to-step spread
-        extra["launch"]["repeat_spread"] = round((max(series) - min(series)) / statistics.mean(series), 4)
+        extra["launch"]["repeat_spread"] = _spread(series)
     result = result_of(summary, steps, stream, window, extra)
     adjusted = [with_launch_rollout(stream.steps[s].metrics, rollout) for s in own] if rollout else []
     if not adjusted or None in adjusted:
@@ -156,9 +156,14 @@ def _result(i: int, own: list[int], plan: list[int], warmup: int, stream, sample
     launch = {**extra["launch"], "rollout_gen_s": round(rollout[0], 3), "rollout_tokens": rollout[1],
               "measured_tokens_per_s_per_gpu": result.tokens_per_s_per_gpu}
     if "repeat_spread" in launch and len(adjusted) >= 2:
-        launch["repeat_spread_at_launch_rollout"] = round((max(adjusted) - min(adjusted)) / statistics.mean(adjusted), 4)
+        launch["repeat_spread_at_launch_rollout"] = _spread(adjusted)
     return replace(result, tokens_per_s_per_gpu=statistics.median(adjusted),
                    series={**result.series, LAUNCH_ROLLOUT_KEY: adjusted}, extra={**result.extra, "launch": launch})
+
+
+def _spread(values: list[float]) -> float:
+    """How far apart one configuration's steps are, as a share of their mean."""
+    return round((max(values) - min(values)) / statistics.mean(values), 4)
 
 
 def sample_spans(i: int, own: list[int], stream) -> list[tuple[float, float]]:
