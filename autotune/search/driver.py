@@ -88,11 +88,24 @@ def open_study(cfg: TuneConfig) -> optuna.Study:
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(["tokens_per_s_per_gpu", "peak_mem_gib"][:len(directions)])
         study.set_user_attr("memory_margin_gib", cfg.search.memory_margin_gib)
-    elif stored != identity:
-        diff = sorted(k for k in identity if stored.get(k) != identity[k])
+    else:
+        diff = identity_differences(stored, identity)
+        if not diff:
+            return study
         raise ConfigError(f"study {cfg.study_name!r} in this storage was created for a different job (differs in: "
                           f"{', '.join(diff)}); use another --study or --out")
     return study
+
+
+def identity_differences(stored: dict, identity: dict) -> list[str]:
+    """The parts of a study's identity that differ from the stored one. A workload field this autotune has and the
+    stored study lacks (added by a later release: e.g. megatron_optimizer_offload_fraction) is no difference while
+    it holds its default, which is what the study ran under; any other value is one."""
+    defaults = asdict(Workload())
+    stored_workload = stored.get("workload") or {}
+    filled = {**stored, "workload": {**{k: v for k, v in defaults.items() if k not in stored_workload},
+                                     **stored_workload}}
+    return sorted(k for k in identity if filled.get(k) != identity[k])
 
 
 def held_off_knobs(cfg: TuneConfig, runner: ProbeRunner) -> dict:

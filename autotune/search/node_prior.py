@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
 
 from autotune.config import TuneConfig
+from autotune.model.cost import MODEL_REVISION
 from autotune.search.learned import base_prediction
 from autotune.spaces.candidate import Candidate
 from autotune.storage.node_profile import PROFILE_ATTR, NodeKind, detect_kind, record_study, summary_for
@@ -80,4 +82,7 @@ def record_profile(study: optuna.Study, cfg: TuneConfig) -> Path | None:
     phases, others, probes = study_rows(study, cfg)
     if not probes:
         return None
-    return record_study(NodeKind(**summary["kind"]), study_id(study, cfg.storage_url), phases, others, probes)
+    # study_rows prices every probe with this autotune's time model, so the rows belong under its revision even
+    # when the study started under an older one (resumed after an upgrade); the node's own fields are the study's
+    kind = replace(NodeKind(**summary["kind"]), model=MODEL_REVISION)
+    return record_study(kind, study_id(study, cfg.storage_url), phases, others, probes)

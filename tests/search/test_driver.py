@@ -50,6 +50,22 @@ def test_resuming_with_a_different_job_is_refused(tmp_path):
         open_study(_cfg(tmp_path, gpus_per_node=4))
 
 
+def test_a_study_stored_before_a_workload_field_existed_resumes_while_the_field_holds_its_default(tmp_path):
+    # the 2026-12-05 H200 study was stored before Workload had megatron_optimizer_offload_fraction; the next
+    # autotune refused to resume it ("differs in: workload")
+    cfg = _cfg(tmp_path, trials=2)
+    study = run_study(cfg, get_runner("sim"))
+    identity = dict(study.user_attrs["identity"])
+    identity["workload"] = {k: v for k, v in identity["workload"].items()
+                            if not k.startswith("megatron_optimizer")}
+    study.set_user_attr("identity", identity)
+    resumed = run_study(_cfg(tmp_path, trials=3), get_runner("sim"))
+    assert sum(t.state.is_finished() for t in resumed.trials) == 3
+    offloading = replace(cfg, workload=replace(cfg.workload, megatron_optimizer_offload_fraction=0.5))
+    with pytest.raises(ConfigError, match="differs in: workload"):
+        open_study(offloading)
+
+
 def test_pinned_knobs_hold_and_workload_never_changes(tmp_path):
     cfg = _cfg(tmp_path, trials=10, fixed={"actor_engine": "megatron", "actor_tp": 2, "cuda_device_max_connections": 1})
     study = run_study(cfg, get_runner("sim"))

@@ -90,6 +90,19 @@ def test_a_verl_study_leaves_its_probes_and_the_next_study_starts_from_them(tmp_
     assert with_profile != pytest.approx(predicted(second_cfg, cand, second_cfg.workload, MemoryGate()))
 
 
+def test_a_study_resumed_under_a_newer_time_model_leaves_its_rows_under_that_model(tmp_path, h200_node):
+    # its probes are priced by the model that runs now (study_rows), so they belong to that revision's profile,
+    # where the next study on this autotune looks; filed under the stored older revision, nobody would read them
+    study = run_study(_cfg(tmp_path, trials=3), _runner())
+    older = {**study.user_attrs[PROFILE_ATTR], "kind": {**study.user_attrs[PROFILE_ATTR]["kind"], "model": "2026-01-01"}}
+    study.set_user_attr(PROFILE_ATTR, older)
+    for path in (tmp_path / "profiles").iterdir():
+        path.unlink()
+    node_prior.record_profile(study, _cfg(tmp_path, trials=3))
+    assert load_profile(KIND) is not None and load_profile(KIND).probes == 3
+    assert load_profile(replace(KIND, model="2026-01-01")) is None
+
+
 def test_a_sim_study_neither_uses_nor_leaves_a_profile(tmp_path, h200_node):
     from autotune.backends.base import get_runner
 

@@ -13,5 +13,5 @@ while [ "$SECONDS" -lt "$end" ]; do
 done
 tail -n 3 "$RES/timeline.txt" 2>/dev/null; tail -n 4 "$RES/study.txt" 2>/dev/null
 nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader 2>/dev/null
-tar -czf "${OUT:-/tmp}/verl_h200_results.tgz" -C / tmp/res $(cd / && ls -d tmp/atout/runs tmp/atout/result.json tmp/atout/best.yaml tmp/atout/autotune.db tmp/attorch/runs tmp/attorch/autotune.db 2>/dev/null) 2>/dev/null
+tar -czf "${OUT:-/tmp}/verl_h200_results.tgz" -C / tmp/res $(cd / && ls -d tmp/atout/runs tmp/atout/result.json tmp/atout/best.yaml tmp/atout/autotune.db tmp/at_*/runs tmp/at_*/result.json tmp/at_*/best.yaml tmp/at_*/autotune.db tmp/attorch/runs tmp/attorch/autotune.db 2>/dev/null) 2>/dev/null
 ls -la "${OUT:-/tmp}/verl_h200_results.tgz"

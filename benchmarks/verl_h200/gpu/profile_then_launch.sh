@@ -1,0 +1,38 @@
+#!/bin/bash
+# ON the GPU machine after setup.sh, started detached (setsid) so that it outlives one call; `.whl` (pytest and its
+# light dependencies) carried. One planned run for issues 28 and 29 (2026-12-06), in the order of what each result
+# needs, everything under /tmp/res (tarred by collect.sh; the stages in /tmp/res/timeline.txt):
+#   1. the torch backend's GPU tests (the fused log-prob path among them);
+#   2. the 2026-12-05 shared study resumed with nothing left to measure: `autotune run` ends at once and leaves the
+#      study's 18 measured probes in this node's profile, priced by this autotune's time model (node_prior.py);
+#   3. a study of another job (run_other_grpo.sh: other lengths, no KL, dynamic batching) that starts from that
+#      profile: one launch, the job and two token budgets, each predicted before any probe of its study;
+#   4. the same study (step 2's copy, so its rows in the profile are replaced, not added twice) resumed for its
+#      third launch (tune_shared_3.yaml: 10 more configurations).
+# Env: SKIP (step numbers to leave out, e.g. "1 2")
+set -uo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd); ROOT=$(cd "$HERE/../../.." && pwd)
+RES=/tmp/res; SKIP=${SKIP:-}
+DB=benchmarks/results/h200-2026-12-05-verl-shared/autotune.db
+mkdir -p "$RES"
+stamp() { echo "=== $(date -u +%FT%TZ) $*" | tee -a "$RES/timeline.txt"; }
+skip() { case " $SKIP " in *" $1 "*) return 0;; esac; return 1; }
+study() {  # name, then run_study.sh's env; each study in its own result and out folders
+  local name=$1; shift
+  stamp "$name start"
+  env RES="$RES/$name" AT="/tmp/at_$name" TRAIN=0 TORCH=0 "$@" bash "$HERE/run_study.sh" > "$RES/$name.log" 2>&1
+  stamp "$name end ($(grep '^rc=' "$RES/$name/study.txt" 2>/dev/null))"
+}
+if ! skip 1; then
+  stamp "gpu tests start"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$ROOT"/.whl/*.whl > "$RES/gpu_tests.txt" 2>&1
+  (source "$HERE/env.sh" && cd "$ROOT" && PYTHONPATH="/tmp/site:$ROOT" timeout 400 python3 -m pytest -m gpu -q \
+      -p no:cacheprovider --durations=10 tests/backends/torch/test_torch_gpu.py tests/backends/test_gpu_monitor.py \
+      >> "$RES/gpu_tests.txt" 2>&1; echo "rc=$?" >> "$RES/gpu_tests.txt")
+  stamp "gpu tests end ($(tail -n 2 "$RES/gpu_tests.txt" | tr '\n' ' '))"
+fi
+skip 2 || study seed RESUME_DB="$DB" TUNE=benchmarks/verl_h200/tune_shared.yaml TRIALS=18 SEED=6
+skip 3 || study other JOB=benchmarks/verl_h200/run_other_grpo.sh TUNE=benchmarks/verl_h200/tune_other.yaml TRIALS=3 SEED=5
+skip 4 || study third AT=/tmp/at_seed TUNE=benchmarks/verl_h200/tune_shared_3.yaml TRIALS=28 SEED=7
+cp -r "${AUTOTUNE_PROFILE_DIR:-$HOME/.cache/autotune/node-profiles}" "$RES/node-profiles" 2>/dev/null
+stamp ALL DONE
