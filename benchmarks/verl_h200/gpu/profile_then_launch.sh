@@ -5,10 +5,11 @@
 #   1. the torch backend's GPU tests (the fused log-prob path among them);
 #   2. the 2026-12-05 shared study resumed with nothing left to measure: `autotune run` ends at once and leaves the
 #      study's 18 measured probes in this node's profile, priced by this autotune's time model (node_prior.py);
-#   3. a study of another job (run_other_grpo.sh: other lengths, no KL, dynamic batching) that starts from that
-#      profile: one launch, the job and two token budgets, each predicted before any probe of its study;
-#   4. the same study (step 2's copy, so its rows in the profile are replaced, not added twice) resumed for its
-#      third launch (tune_shared_3.yaml: 10 more configurations).
+#   3. the same study (step 2's copy, so its rows in the profile are replaced, not added twice) resumed for its
+#      third launch (tune_shared_3.yaml: 10 more configurations), which adds its probes to the profile;
+#   4. a study of another job (run_other_grpo.sh: other lengths, no KL, dynamic batching) that starts from that
+#      profile: one launch, the job and two token budgets, each predicted before any probe of its study.
+# Issue 28's launch goes before issue 29's job: device time is short and H200s scarce (2026-12-06).
 # Env: SKIP (step numbers to leave out, e.g. "1 2")
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd); ROOT=$(cd "$HERE/../../.." && pwd)
@@ -26,13 +27,13 @@ study() {  # name, then run_study.sh's env; each study in its own result and out
 if ! skip 1; then
   stamp "gpu tests start"
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$ROOT"/.whl/*.whl > "$RES/gpu_tests.txt" 2>&1
-  (source "$HERE/env.sh" && cd "$ROOT" && PYTHONPATH="/tmp/site:$ROOT" timeout 400 python3 -m pytest -m gpu -q \
+  (source "$HERE/env.sh" && cd "$ROOT" && PYTHONPATH="/tmp/site:$ROOT" timeout 300 python3 -m pytest -m gpu -q \
       -p no:cacheprovider --durations=10 tests/backends/torch/test_torch_gpu.py tests/backends/test_gpu_monitor.py \
       >> "$RES/gpu_tests.txt" 2>&1; echo "rc=$?" >> "$RES/gpu_tests.txt")
   stamp "gpu tests end ($(tail -n 2 "$RES/gpu_tests.txt" | tr '\n' ' '))"
 fi
 skip 2 || study seed RESUME_DB="$DB" TUNE=benchmarks/verl_h200/tune_shared.yaml TRIALS=18 SEED=6
-skip 3 || study other JOB=benchmarks/verl_h200/run_other_grpo.sh TUNE=benchmarks/verl_h200/tune_other.yaml TRIALS=3 SEED=5
-skip 4 || study third AT=/tmp/at_seed TUNE=benchmarks/verl_h200/tune_shared_3.yaml TRIALS=28 SEED=7
+skip 3 || study third AT=/tmp/at_seed TUNE=benchmarks/verl_h200/tune_shared_3.yaml TRIALS=28 SEED=7
+skip 4 || study other JOB=benchmarks/verl_h200/run_other_grpo.sh TUNE=benchmarks/verl_h200/tune_other.yaml TRIALS=3 SEED=5
 cp -r "${AUTOTUNE_PROFILE_DIR:-$HOME/.cache/autotune/node-profiles}" "$RES/node-profiles" 2>/dev/null
 stamp ALL DONE

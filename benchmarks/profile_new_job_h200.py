@@ -1,0 +1,77 @@
+"""A new job's first launch predicted from the node profile another job's study left (issue 29's GPU check).
+
+    PYTHONPATH=. python benchmarks/profile_new_job_h200.py benchmarks/results/<run>/other/autotune.db
+
+The study (benchmarks/verl_h200/run_other_grpo.sh, tune_other.yaml) stored the profile it started from
+(search/node_prior.PROFILE_ATTR: per phase the median of log measured/predicted over the earlier study's probes).
+For each measured configuration of its first launch, every phase's prediction without the profile (the time model
+alone, with verl's per-token log-prob loop priced as on that node) and with it (the profile's factor), against
+what verl measured. No GPU needed: everything is read from the study's database.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.config import ProbeBudget, TuneConfig
+from autotune.hardware import get_gpu
+from autotune.models import model_from_identity
+from autotune.search.learned import base_prediction
+from autotune.spaces.candidate import Candidate
+from autotune.storage.node_profile import PROFILE_ATTR, describe_summary, phase_factors
+from autotune.storage.results import workload_of
+
+WITHIN = 1.25
+
+
+def study_cfg(study: optuna.Study, url: str) -> TuneConfig:
+    identity = study.user_attrs["identity"]
+    return TuneConfig(model=model_from_identity(identity), gpu=get_gpu(identity["gpu"]),
+                      gpus_per_node=identity["gpus_per_node"], nodes=identity["nodes"], backend=identity["backend"],
+                      trials=0, storage_url=url, study_name=study.study_name, out_dir=".", seed=0,
+                      workload=workload_of(identity), fixed={}, ranges={}, tune_workload=(), probe=ProbeBudget(),
+                      passthrough=identity.get("passthrough") or {}, logprob_loop=True)
+
+
+def main(db: str) -> int:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    url = f"sqlite:///{db}"
+    study = optuna.load_study(study_name=optuna.get_all_study_summaries(url)[0].study_name, storage=url)
+    cfg = study_cfg(study, url)
+    summary = study.user_attrs.get(PROFILE_ATTR)
+    factors = phase_factors(summary)
+    print(describe_summary(summary))
+    errors: dict[str, list[float]] = {"without": [], "with": []}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        attrs = t.user_attrs
+        if attrs.get("state") != "measured" or not attrs.get("phase_s"):
+            continue
+        base = base_prediction(cfg, Candidate.from_params(attrs["candidate"]),
+                               workload_of(study.user_attrs["identity"], attrs))
+        print(f"trial {t.number} ({attrs.get('label') or 'member of trial ' + str(attrs.get('launch_group'))}): "
+              f"step {attrs.get('step_s', 0):.1f} s measured")
+        for phase, measured_s in sorted(attrs["phase_s"].items()):
+            predicted_s = base.phase_s.get(phase)
+            if not predicted_s or not measured_s:
+                continue
+            with_s = predicted_s * factors.get(phase, 1.0)
+            for label, value in (("without", predicted_s), ("with", with_s)):
+                errors[label].append(math.exp(abs(math.log(value / measured_s))))
+            print(f"  {phase:15s} measured {measured_s:6.2f} s  predicted {predicted_s:6.2f} s "
+                  f"(x{predicted_s / measured_s:.2f})  with the profile {with_s:6.2f} s (x{with_s / measured_s:.2f})")
+    for label, values in errors.items():
+        if values:
+            print(f"{label:8s} the profile: phases within {WITHIN}x {sum(v <= WITHIN for v in values)}/{len(values)}, "
+                  f"worst x{max(values):.2f}, median error x{statistics.median(values):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: profile_new_job_h200.py STUDY_DB")
+    sys.exit(main(sys.argv[1]))
