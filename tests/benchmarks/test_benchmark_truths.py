@@ -83,3 +83,27 @@ def test_benchmark_smoke_every_method_spends_its_budget(monkeypatch, tmp_path):
     summary = se.summarise(rows, 4)
     assert {s["method"] for s in summary} == set(se.METHODS)
     assert list(tmp_path.iterdir()) == []  # once: unused.db.lock, SQLite's single-writer lock for a relative URL
+
+
+def test_a_constant_added_to_the_model_leaves_every_machines_other_constants_as_they_were(monkeypatch):
+    # a shared draw sequence re-drew every machine when fused_chunk_bytes joined the activation constants
+    # (2026-12-06): the same machine numbers were other machines before and after
+    from dataclasses import asdict, dataclass, replace
+
+    import truths
+    from autotune.model.calibration import DEFAULT_CONSTANTS, ActivationConstants
+
+    @dataclass(frozen=True, kw_only=True)
+    class WithOneMore(ActivationConstants):
+        a_new_bytes: float = 1.0
+
+    before = [truths.perturbed(seed) for seed in (0, 90, 91)]
+    grown = replace(DEFAULT_CONSTANTS, activations=WithOneMore(**asdict(DEFAULT_CONSTANTS.activations)))
+    monkeypatch.setattr(truths, "DEFAULT_CONSTANTS", grown)
+    after = [truths.perturbed(seed) for seed in (0, 90, 91)]
+    for old, new in zip(before, after):
+        assert asdict(new.activations) | asdict(old.activations) == asdict(new.activations)  # old fields unchanged
+        for group in ("throughput", "rollout", "system"):
+            assert getattr(new, group) == getattr(old, group)
+        assert new.activations.a_new_bytes != 1.0  # the new one is perturbed too
+    assert before[1] != before[2]  # machines still differ
