@@ -322,6 +322,7 @@ def cmd_estimate(args) -> int:
 
     from autotune.estimate import estimate, node_profile_for, render
     from autotune.hardware import detect_gpus
+    from autotune.verl.rollout import vllm_eager
 
     if args.from_job is None:
         return _estimate_flags(args)
@@ -345,7 +346,7 @@ def cmd_estimate(args) -> int:
         print(first_line(job.model, gpu, gpu_how, gpus, nodes, workload, f"from {args.from_job}"))
     result = estimate(job.model, gpu, workload, job.baseline, gpus_per_node=gpus, nodes=nodes,
                       profile=node_profile_for(gpu, job.passthrough, detected),
-                      logprob_loop=_logprob_loop_here(job.env, detected))
+                      logprob_loop=_logprob_loop_here(job.env, detected), vllm_eager=vllm_eager(job.passthrough))
     if args.json:
         print(json.dumps({**result.as_dict(), "source": str(args.from_job), "model_path": job.model.model_path,
                           "shapes_from": job.model.shapes_from, "unresolved": list(job.unresolved),

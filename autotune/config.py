@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 
 TUNE_YAML_KEYS = {"model", "gpu", "workload", "fixed", "ranges", "tune_workload", "probe", "search", "budget"}
 PROBE_KEYS = {"warmup_steps", "timed_steps", "configs_per_launch"}
-SEARCH_KEYS = {"objective", "memory_margin_gib", "warm_start", "prescreen", "boundaries", "learn"}
 BUDGET_KEYS = {"probes", "gpu_hours", "wall_time_s"}
 OBJECTIVES = ("throughput", "throughput_and_memory")
 _STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # fullmatch: `$` would let a final newline in
@@ -167,6 +166,13 @@ class TuneConfig:
     def world_size(self) -> int:
         return self.gpus_per_node * self.nodes
 
+    @property
+    def vllm_eager(self) -> bool:
+        """The job runs vLLM without CUDA graphs (its rollout.enforce_eager, kept; model/cost.py prices it)."""
+        from autotune.verl.rollout import vllm_eager
+
+        return vllm_eager(self.passthrough)
+
 
 def _mapping(value, where: str) -> dict:
     if value is None:
@@ -210,7 +216,7 @@ def load_tune_yaml(path: Path | None) -> TuneYaml:
     for key in ("model", "gpu"):
         if data.get(key) is not None and not isinstance(data[key], str):
             raise ConfigError(f"{path}: {key} must be a string, but got {data[key]!r}")
-    search_raw = _section(data, "search", SEARCH_KEYS, path)
+    search_raw = _section(data, "search", {f.name for f in fields(SearchOptions)}, path)
     budget_raw = _section(data, "budget", BUDGET_KEYS, path)
     try:
         workload = Workload(**Workload.expand_response_length(workload_raw))

@@ -81,14 +81,16 @@ def node_profile_for(gpu: GpuSpec, passthrough: dict, detected=None) -> dict:
 
 
 def estimate(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate, *, gpus_per_node: int,
-             nodes: int, profile: dict | None = None, logprob_loop: str | None = None) -> Estimate:
+             nodes: int, profile: dict | None = None, logprob_loop: str | None = None,
+             vllm_eager: bool = False) -> Estimate:
     """`profile`: a node profile's summary; its per-phase measured/predicted factors correct the times.
     `logprob_loop`: why verl takes its per-token log-prob loop where the job runs (None: it does not)."""
     layout = ParallelLayout.of(cand, workload, gpus_per_node=gpus_per_node, nodes=nodes)
     violations = [{"rule": v.rule, "message": v.message, "enforced_by": v.enforced_by, "source": v.source}
                   for v in check(model, workload, cand, layout)]
     mem = estimate_memory(model, gpu, workload, cand, layout)
-    step = estimate_step_time(model, gpu, workload, cand, layout, logprob_loop=logprob_loop is not None)
+    step = estimate_step_time(model, gpu, workload, cand, layout, logprob_loop=logprob_loop is not None,
+                              vllm_eager=vllm_eager)
     domains = default_domains(model, workload, world=layout.world_size, gpus_per_node=gpus_per_node)
     largest = {}
     for knob, phases in LIMITING_KNOBS.items():

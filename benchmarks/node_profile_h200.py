@@ -68,7 +68,8 @@ def check(study: optuna.Study, loop: bool) -> None:
     for folder, trial in HELD_OUT:
         m, workload, cand = study_row(folder, trial)
         layout = ParallelLayout.of(cand, workload, gpus_per_node=1, nodes=1)
-        step = estimate_step_time(model, gpu, workload, cand, layout, logprob_loop=loop)
+        # the held-out job runs vLLM eager (run_tiny_grpo.sh), as the profile's study does (its passthrough)
+        step = estimate_step_time(model, gpu, workload, cand, layout, logprob_loop=loop, vllm_eager=True)
         cells = []
         for phase in PHASES:
             measured = m[f"timing_s/{phase}"]

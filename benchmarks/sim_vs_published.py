@@ -109,7 +109,12 @@ def with_constants(values: dict) -> ModelConstants:
 
 
 def ratios(rows: list[dict], k: ModelConstants) -> list[float]:
-    return [estimate_step_time(*row["job"], constants=k).step_s / row["published"]["step_s"] for row in rows]
+    return [step_of(row, constants=k).step_s / row["published"]["step_s"] for row in rows]
+
+
+def step_of(row: dict, **kw):
+    """The model's step for a row, with the row's vLLM eager where it runs so (its job's `vllm_eager`)."""
+    return estimate_step_time(*row["job"], vllm_eager=row.get("eager", False), **kw)
 
 
 def fit(runs: list[dict]) -> dict:
@@ -149,7 +154,8 @@ def implied_mean(run: dict) -> float | None:
     forward pass grows with the tokens), or None when no length in (0, max] gives it. The forward pass depends on
     none of the FITTED (decode) constants, so the committed ones give the same mean as any grid point."""
     def old_log_prob(mean: float) -> float:
-        return estimate_step_time(*phase_job(run, mean)).phase_s["old_log_prob"]
+        return estimate_step_time(*phase_job(run, mean), vllm_eager=run["job"].get("vllm_eager", False)
+                                  ).phase_s["old_log_prob"]
     lo, hi = 16.0, float(run["job"]["workload"]["max_response_length"])
     target = run["published"]["old_log_prob_s"]
     if not old_log_prob(lo) <= target <= old_log_prob(hi):
@@ -170,7 +176,8 @@ def rows_of(doc: dict) -> tuple[list[dict], list[str]]:
     for r in doc.get("phase_runs") or []:
         common = dict(id=r["id"], source=r["source"], publisher=doc["phase_sources"][r["source"]]["publisher"],
                       published=r["published"], gpus=r["gpus"], gpu=r["job"]["gpu"],
-                      assumed=r["job"].get("assumed", ""), fit=r.get("fit", True))
+                      assumed=r["job"].get("assumed", ""), fit=r.get("fit", True),
+                      eager=r["job"].get("vllm_eager", False))
         if "mean_response" in r:  # published: priced at it, never inferred
             rows.append(dict(common, kind="phase-mean", job=phase_job(r, float(r["mean_response"]))))
             continue
@@ -227,7 +234,7 @@ def main() -> int:
           "any fit)")
     fitted_ratios = ratios(rows, k_fit)
     for row, r0, r1, rf in zip(rows, prior, default, fitted_ratios):
-        step = estimate_step_time(*row["job"])
+        step = step_of(row)
         workload = row["job"][2]
         pub = {p[:-2]: v for p, v in row["published"].items() if p.endswith("_s") and p != "step_s"}
         cells = [f"{p} {pub[p]:.0f}/{v:.0f}" if p in pub else f"{p} -/{v:.0f}" for p, v in step.phase_s.items()]

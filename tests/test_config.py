@@ -79,3 +79,19 @@ def test_data_paths_of_tune_yaml_and_the_default_are_absolute(tmp_path, monkeypa
     assert tune.workload.train_files == os.path.expanduser("~/data/gsm8k/train.parquet")
     assert tune.workload.val_files == [str(tmp_path / "val" / "a.parquet"), "hdfs://x/b"]
     assert load_tune_yaml(None).workload.train_files == os.path.expanduser("~/data/gsm8k/train.parquet")
+
+
+def test_every_search_option_can_be_set_in_tune_yaml(tmp_path):
+    # search.confirm existed but tune.yaml refused it ("unknown search key(s) ['confirm']"), though the summary
+    # tells users to set `search: {confirm: 2}`
+    from dataclasses import fields
+
+    from autotune.config import SearchOptions, load_tune_yaml
+
+    path = tmp_path / "tune.yaml"
+    path.write_text("search: {confirm: 0, warm_start: 1}\n")
+    tune = load_tune_yaml(path)
+    assert tune.search.confirm == 0 and tune.search.warm_start == 1
+    for f in fields(SearchOptions):
+        path.write_text(f"search: {{{f.name}: {getattr(SearchOptions(), f.name)!r}}}\n".replace("'", '"'))
+        load_tune_yaml(path)  # every option is a known key

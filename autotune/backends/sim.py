@@ -19,6 +19,7 @@ from autotune.backends.base import (ProbePruned, ProbeRequest, ProbeResult, Prob
 from autotune.model.calibration import DEFAULT_CONSTANTS, ModelConstants
 from autotune.model.cost import estimate_step_time
 from autotune.model.memory import estimate_memory
+from autotune.verl.rollout import vllm_eager
 from autotune.spaces.layout import ParallelLayout
 
 # What a real verl probe costs beside its steps, measured on the H200 studies of 2026-12-03 (1.5B shapes, 1 GPU;
@@ -69,7 +70,8 @@ class SimRunner(ProbeRunner):
                            f"{mem.capacity_gib:.1f} GiB", phase=mem.worst_phase, over_gib=mem.over_gib,
                            peak_mem_gib=mem.peak_gib)
         step = estimate_step_time(request.model, request.gpu, request.workload, request.candidate, layout,
-                                  constants=k, logprob_loop=request.logprob_loop)
+                                  constants=k, logprob_loop=request.logprob_loop,
+                                  vllm_eager=vllm_eager(request.passthrough))
         series: list[float] = []
         for i in range(1, request.warmup_steps + request.timed_steps + 1):
             tokens_per_s = step.tokens_per_s_per_gpu * self._noise()

@@ -120,6 +120,16 @@ class RolloutConstants:
     # 0.3-0.75, least squared log ratio of step time; the prior was 0.75). Leave-one-source-out refits: 0.3-0.75.
     decode_hbm_efficiency: float = 0.35
     decode_step_overhead_s: float = 0.004  # scheduler + sampling + launch per step with CUDA graphs
+    # rollout.enforce_eager=True: vLLM launches each layer's kernels from Python at every decode step instead of
+    # replaying a CUDA graph, so a step costs host time per layer on top of the GPU's. Fitted by
+    # benchmarks/fit_eager_decode.py on the 18 configurations of the 2026-12-05 H200 shared study (verl 0.9.1, vLLM
+    # 0.24, Qwen2.5-1.5B shapes, 28 layers, 128 responses of up to 512 tokens, eager): the median of (measured gen
+    # - 1 s, the mean wait on verl's 2-s poll grid - the model's gen with CUDA graphs) / (decode steps x layers):
+    # 0.527 ms (range 0.386-0.670: the poll's 2-s steps). benchmarks/results/fit_eager_decode.txt.
+    eager_decode_s_per_layer: float = 0.527e-3
+    # verl 0.9.1's trainer learns that the rollout is done from its replay buffer, polled every 2 s
+    # (trainer/ppo/v1/replay_buffer.py:144, 409; trainer_base.py:565-574): gen ends on that grid, 1 s late on average
+    verl_poll_wait_s: float = 1.0
     prefill_mfu: float = 0.45  # compute-bound prefill, 2N FLOPs per token
     tp_allreduce_latency_s: float = 8e-6  # per all-reduce, NVLink, small messages (NCCL tests)
     # vLLM's profile run (v1 gpu_worker.determine_available_memory) before sizing the KV cache: a forward of

@@ -275,9 +275,10 @@ def decode_steps(seqs: float, concurrency: float, mean_len: float, max_len: floa
 
 
 def _rollout_s(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate,
-               layout: ParallelLayout, k: ModelConstants) -> tuple[float, float]:
+               layout: ParallelLayout, k: ModelConstants, *, eager: bool = False) -> tuple[float, float]:
     """(gen seconds, concurrency) for vLLM: prefill + decode over the response-length distribution, with
-    concurrency limited by the KV cache and max_num_seqs."""
+    concurrency limited by the KV cache and max_num_seqs. `eager`: vLLM runs without CUDA graphs
+    (rollout.enforce_eager), and every decode step pays the host's launches layer by layer."""
     tp = cand.rollout_tp
     replicas = max(layout.rollout_replicas, 1)
     seqs = workload.trajectories_per_step / replicas
@@ -298,13 +299,15 @@ def _rollout_s(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candida
     kv_total_s = generated * (prompt + resp_mean / 2) * kv_per_token / bw
     decode_s = (max(steps * weight_read_s, compute_total_s) + kv_total_s
                 + steps * (allreduce_s + k.rollout.decode_step_overhead_s))
+    if eager:
+        decode_s += steps * model.num_layers * k.rollout.eager_decode_s_per_layer
     prefill_tokens = seqs * prompt
     chunks = prefill_tokens / cand.max_num_batched_tokens
     prefill_s = max(2 * active * prefill_tokens / tp / (gpu.peak_bf16_flops * k.rollout.prefill_mfu),
                     chunks * weight_read_s)
     stall = k.rollout.chunked_prefill_stall if cand.enable_chunked_prefill else k.rollout.unchunked_prefill_stall
     wake_sleep_s = 2 * _host_copy_s(BF16 * model.param_count() / tp, gpu, k)  # sleep level 1 offloads weights
-    return decode_s + stall * prefill_s + wake_sleep_s, concurrency
+    return decode_s + stall * prefill_s + wake_sleep_s + k.rollout.verl_poll_wait_s, concurrency
 
 
 def _update_weights_s(model: ModelSpec, gpu: GpuSpec, cand: Candidate, layout: ParallelLayout,
@@ -320,7 +323,7 @@ def _update_weights_s(model: ModelSpec, gpu: GpuSpec, cand: Candidate, layout: P
 
 # The time model's revision: a node profile holds residuals against one model, so a model that prices a new cause
 # starts new profiles (storage/node_profile.py NodeKind.model). Bump it with every change to phase times.
-MODEL_REVISION = "2026-12-06-logprob-loop"
+MODEL_REVISION = "2026-12-06-eager-decode"
 
 
 def logprob_loop_s(workload: Workload, cand: Candidate, layout: ParallelLayout, *, forward_only: bool,
@@ -340,11 +343,12 @@ def logprob_loop_s(workload: Workload, cand: Candidate, layout: ParallelLayout, 
 
 def estimate_step_time(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate,
                        layout: ParallelLayout, *, constants: ModelConstants = DEFAULT_CONSTANTS,
-                       logprob_loop: bool = False) -> StepTime:
+                       logprob_loop: bool = False, vllm_eager: bool = False) -> StepTime:
     """`logprob_loop`: verl computes log-probs with its per-token loop on the node (no flash-attn cross-entropy;
-    autotune/verl/logprob_path.py), priced by logprob_loop_s."""
+    autotune/verl/logprob_path.py), priced by logprob_loop_s. `vllm_eager`: the job runs vLLM without CUDA graphs
+    (rollout.enforce_eager; autotune/verl/rollout.py vllm_eager)."""
     k = constants
-    gen_s, concurrency = _rollout_s(model, gpu, workload, cand, layout, k)
+    gen_s, concurrency = _rollout_s(model, gpu, workload, cand, layout, k, eager=vllm_eager)
     old_s, _ = _pass_s(model, gpu, workload, cand, layout, forward_only=True, role="actor", k=k)
     ref_s = 0.0
     if need_reference_policy(workload):  # with LoRA the pass runs on the actor (autotune/verl/roles.py)

@@ -173,7 +173,7 @@ def base_prediction(cfg: TuneConfig, cand: Candidate, workload: Workload) -> Bas
     """Rules, memory ratio and per-phase times from the analytic model (cached: the model does not change)."""
     # repr: a Workload may hold lists (the user's train files) and is then unhashable
     key = (cfg.model.name, cfg.gpu.name, cfg.gpus_per_node, cfg.nodes, cfg.host_mem_gib, cfg.logprob_loop,
-           repr(workload), cand)
+           cfg.vllm_eager, repr(workload), cand)
     hit = _BASE_CACHE.get(key)
     if hit is not None:
         return hit
@@ -185,7 +185,8 @@ def base_prediction(cfg: TuneConfig, cand: Candidate, workload: Workload) -> Bas
         host_ok = estimate_host_memory(cfg.model, workload, cand, layout, gpus_per_node=cfg.gpus_per_node,
                                        capacity_gib=cfg.host_mem_gib).fits
         ratio = memory_ratio(mem) if mem.kv_cache_fits else math.inf
-        step = estimate_step_time(cfg.model, cfg.gpu, workload, cand, layout, logprob_loop=cfg.logprob_loop)
+        step = estimate_step_time(cfg.model, cfg.gpu, workload, cand, layout, logprob_loop=cfg.logprob_loop,
+                                  vllm_eager=cfg.vllm_eager)
         base = Base(dict(step.phase_s), step.tokens_per_step, layout.world_size, ratio, host_ok)
     if len(_BASE_CACHE) > _BASE_CACHE_MAX:
         _BASE_CACHE.clear()

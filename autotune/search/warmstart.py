@@ -69,7 +69,7 @@ def predicted(cfg: TuneConfig, cand: Candidate, workload: Workload, gate: Memory
                                 capacity_gib=cfg.host_mem_gib, constants=constants).fits:
         return None
     step = estimate_step_time(cfg.model, cfg.gpu, workload, cand, layout, constants=constants,
-                              logprob_loop=cfg.logprob_loop)
+                              logprob_loop=cfg.logprob_loop, vllm_eager=cfg.vllm_eager)
     if not factors:
         return step.tokens_per_s_per_gpu
     step_s = step.step_s + sum(s * (factors.get(p, 1.0) - 1.0) for p, s in step.phase_s.items())

@@ -155,11 +155,12 @@ def user_job(imported, *, model_name: str | None = None, exporting: bool = True,
         notes.append(f"rollout.name={rollout_name}: probes on a GPU run {rollout_name}, but the model behind `sim` "
                      "and the memory gate price vLLM's engine; its predictions for this job are vLLM's")
     if str(values.get(f"{ARO}.rollout.enforce_eager")).lower() == "true":
-        # kept as the job sets it (CUDA graphs' memory, which vLLM does not count in gpu_memory_utilization, is not
-        # modelled), but the time model prices vLLM with CUDA graphs: on the H200 recipe job (1.5B, eager) verl's
-        # gen took 10.1-14.1 s where the model gives 3.5 s (benchmarks/results/sim_vs_verl_h200.txt)
-        notes.append("rollout.enforce_eager=True: kept, but the model prices vLLM's decode with CUDA graphs; eager "
-                     "decode is host-bound and slower (on an H200, gen 3-4x the prediction for a 1.5B model)")
+        # kept as the job sets it: CUDA graphs' memory, which vLLM does not count in gpu_memory_utilization, is not
+        # modelled, so autotune does not turn them on; the time model prices the eager decode (verl/rollout.py
+        # vllm_eager, model/cost.py _rollout_s, fitted on the H200 recipe job: benchmarks/fit_eager_decode.py)
+        notes.append("rollout.enforce_eager=True: kept (CUDA graphs would speed decoding up, but their memory is not "
+                     "modelled, so autotune does not turn them on); the model prices eager decoding, about 0.5 ms "
+                     "per layer per decode step as measured on an H200")
     plus = [k for k in values if k.startswith("+") and not k.startswith("++")]
     declared = verl_declared_keys("megatron" if megatron else "dp") if plus else None  # composes verl's config
     appended = [k for k in plus if declared is not None and k[1:] in declared]

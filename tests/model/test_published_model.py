@@ -156,20 +156,15 @@ def test_the_published_runs_benchmark_meets_its_goal():
     assert len(rows) >= 12 and len({r["source"] for r in rows}) >= 3 and len({r["gpu"] for r in rows}) >= 2
     assert len({r["publisher"] for r in rows}) >= 3
     assert {r["job"][0].is_moe for r in rows} == {True, False}
-    ratios = bench.ratios([r for r in rows if r["id"] not in BELOW_GOAL], DEFAULT_CONSTANTS)
-    assert 0.8 <= statistics.median(ratios) <= 1.25  # docs/model.md: median 0.95 over these 20 rows
-    assert all(0.5 <= r <= 2.0 for r in ratios)
+    ratios = bench.ratios(rows, DEFAULT_CONSTANTS)
+    assert 0.8 <= statistics.median(ratios) <= 1.25  # docs/model.md: median 0.93 over the 21 rows
+    assert all(0.5 <= r <= 2.0 for r in ratios)  # every row since the eager decode is priced (DeepSeek-V3: 0.55)
 
 
-# rows the model does not yet meet the goal on, each with what the model lacks (issue 30, open)
-BELOW_GOAL = {"verl-dsv3-671b-h20-96": "0.33 (step 556 s against the published 1700): verl's script runs vLLM with "
-                                       "enforce_eager=True, which the model does not price (gen 433 s against 1050), "
-                                       "and the model's other phases sum to 121 s where the published step leaves 650 s "
-                                       "beside gen"}
-
-
-@pytest.mark.xfail(strict=True, reason=BELOW_GOAL["verl-dsv3-671b-h20-96"])
 def test_the_deepseek_v3_row_with_a_published_mean_meets_the_goal():
+    # 0.33 (gen 433 s of the published 1050) while the model priced its eager vLLM as CUDA graphs; 0.55 (gen 809 s)
+    # with the eager decode term fitted on the H200 recipe job, a 1.5B model (benchmarks/fit_eager_decode.py). The
+    # model's other phases still sum to 121 s where the published step leaves 650 s beside gen.
     import importlib.util
     from pathlib import Path
 
@@ -180,8 +175,11 @@ def test_the_deepseek_v3_row_with_a_published_mean_meets_the_goal():
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     rows, _ = bench.rows_of(yaml.safe_load(bench.DATA.read_text()))
-    (ratio,) = bench.ratios([r for r in rows if r["id"] == "verl-dsv3-671b-h20-96"], DEFAULT_CONSTANTS)
+    (row,) = [r for r in rows if r["id"] == "verl-dsv3-671b-h20-96"]
+    (ratio,) = bench.ratios([row], DEFAULT_CONSTANTS)
     assert 0.5 <= ratio <= 2.0
+    gen_ratio = bench.step_of(row).phase_s["gen"] / row["published"]["gen_s"]
+    assert 0.67 <= gen_ratio <= 1.5  # issue 30's per-phase goal
 
 
 def test_rows_whose_mean_is_inferred_are_never_fitted_on():

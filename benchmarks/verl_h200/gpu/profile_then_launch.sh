@@ -2,14 +2,14 @@
 # ON the GPU machine after setup.sh, started detached (setsid) so that it outlives one call; `.whl` (pytest and its
 # light dependencies) carried. One planned run for issues 28 and 29 (2026-12-06), in the order of what each result
 # needs, everything under /tmp/res (tarred by collect.sh; the stages in /tmp/res/timeline.txt):
-#   1. the torch backend's GPU tests (the fused log-prob path among them);
-#   2. the 2026-12-05 shared study resumed with nothing left to measure: `autotune run` ends at once and leaves the
+#   1. the 2026-12-05 shared study resumed with nothing left to measure: `autotune run` ends at once and leaves the
 #      study's 18 measured probes in this node's profile, priced by this autotune's time model (node_prior.py);
-#   3. the same study (step 2's copy, so its rows in the profile are replaced, not added twice) resumed for its
-#      third launch (tune_shared_3.yaml: 10 more configurations), which adds its probes to the profile;
-#   4. a study of another job (run_other_grpo.sh: other lengths, no KL, dynamic batching) that starts from that
-#      profile: one launch, the job and two token budgets, each predicted before any probe of its study.
-# Issue 28's launch goes before issue 29's job: device time is short and H200s scarce (2026-12-06).
+#   2. a study of another job (run_other_grpo.sh: other lengths, no KL, dynamic batching) that starts from that
+#      profile: one launch, the job and one token budget, each predicted before any probe of its study;
+#   3. the shared study (step 1's copy, so its rows in the profile are replaced, not added twice) resumed for its
+#      third launch (tune_shared_3.yaml: 6 more configurations);
+#   4. the torch backend's GPU tests (the fused log-prob path among them).
+# In this order because device time is short and H200s were scarce (2026-12-06): what needs the most of it last.
 # Env: SKIP (step numbers to leave out, e.g. "1 2")
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd); ROOT=$(cd "$HERE/../../.." && pwd)
@@ -24,7 +24,10 @@ study() {  # name, then run_study.sh's env; each study in its own result and out
   env RES="$RES/$name" AT="/tmp/at_$name" TRAIN=0 TORCH=0 "$@" bash "$HERE/run_study.sh" > "$RES/$name.log" 2>&1
   stamp "$name end ($(grep '^rc=' "$RES/$name/study.txt" 2>/dev/null))"
 }
-if ! skip 1; then
+skip 1 || study seed RESUME_DB="$DB" TUNE=benchmarks/verl_h200/tune_shared_3.yaml TRIALS=18 SEED=6
+skip 2 || study other JOB=benchmarks/verl_h200/run_other_grpo.sh TUNE=benchmarks/verl_h200/tune_other.yaml TRIALS=2 SEED=5
+skip 3 || study third AT=/tmp/at_seed TUNE=benchmarks/verl_h200/tune_shared_3.yaml TRIALS=24 SEED=7
+if ! skip 4; then
   stamp "gpu tests start"
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$ROOT"/.whl/*.whl > "$RES/gpu_tests.txt" 2>&1
   (source "$HERE/env.sh" && cd "$ROOT" && PYTHONPATH="/tmp/site:$ROOT" timeout 300 python3 -m pytest -m gpu -q \
@@ -32,8 +35,5 @@ if ! skip 1; then
       >> "$RES/gpu_tests.txt" 2>&1; echo "rc=$?" >> "$RES/gpu_tests.txt")
   stamp "gpu tests end ($(tail -n 2 "$RES/gpu_tests.txt" | tr '\n' ' '))"
 fi
-skip 2 || study seed RESUME_DB="$DB" TUNE=benchmarks/verl_h200/tune_shared.yaml TRIALS=18 SEED=6
-skip 3 || study third AT=/tmp/at_seed TUNE=benchmarks/verl_h200/tune_shared_3.yaml TRIALS=28 SEED=7
-skip 4 || study other JOB=benchmarks/verl_h200/run_other_grpo.sh TUNE=benchmarks/verl_h200/tune_other.yaml TRIALS=3 SEED=5
 cp -r "${AUTOTUNE_PROFILE_DIR:-$HOME/.cache/autotune/node-profiles}" "$RES/node-profiles" 2>/dev/null
 stamp ALL DONE
