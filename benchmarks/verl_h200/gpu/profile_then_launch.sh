@@ -6,9 +6,9 @@
 #      study's 18 measured probes in this node's profile, priced by this autotune's time model (node_prior.py);
 #   2. a study of another job (run_other_grpo.sh: other lengths, no KL, dynamic batching) that starts from that
 #      profile: one launch, the job and one token budget, each predicted before any probe of its study;
+#   4. the torch backend's GPU tests (the fused log-prob path among them);
 #   3. the shared study (step 1's copy, so its rows in the profile are replaced, not added twice) resumed for its
-#      third launch (tune_shared_3.yaml: 6 more configurations);
-#   4. the torch backend's GPU tests (the fused log-prob path among them).
+#      third launch (tune_shared_3.yaml: 6 more configurations), last: collect before it where time is short.
 # In this order because device time is short and H200s were scarce (2026-12-06): what needs the most of it last.
 # Env: SKIP (step numbers to leave out, e.g. "1 2")
 set -uo pipefail
@@ -26,7 +26,6 @@ study() {  # name, then run_study.sh's env; each study in its own result and out
 }
 skip 1 || study seed RESUME_DB="$DB" TUNE=benchmarks/verl_h200/tune_shared_3.yaml TRIALS=18 SEED=6
 skip 2 || study other JOB=benchmarks/verl_h200/run_other_grpo.sh TUNE=benchmarks/verl_h200/tune_other.yaml TRIALS=2 SEED=5
-skip 3 || study third AT=/tmp/at_seed TUNE=benchmarks/verl_h200/tune_shared_3.yaml TRIALS=24 SEED=7
 if ! skip 4; then
   stamp "gpu tests start"
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$ROOT"/.whl/*.whl > "$RES/gpu_tests.txt" 2>&1
@@ -35,5 +34,6 @@ if ! skip 4; then
       >> "$RES/gpu_tests.txt" 2>&1; echo "rc=$?" >> "$RES/gpu_tests.txt")
   stamp "gpu tests end ($(tail -n 2 "$RES/gpu_tests.txt" | tr '\n' ' '))"
 fi
+skip 3 || study third AT=/tmp/at_seed TUNE=benchmarks/verl_h200/tune_shared_3.yaml TRIALS=24 SEED=7
 cp -r "${AUTOTUNE_PROFILE_DIR:-$HOME/.cache/autotune/node-profiles}" "$RES/node-profiles" 2>/dev/null
 stamp ALL DONE
