@@ -101,7 +101,8 @@ def table(loop: bool) -> None:
           + f" {'GPU peak GiB':>17s}")
     for label, m, workload, cand, nvml_peak in rows():
         layout = ParallelLayout.of(cand, workload, gpus_per_node=1, nodes=1)
-        step = estimate_step_time(model, gpu, workload, cand, layout, logprob_loop=loop)
+        # every row is run_tiny_grpo.sh, which runs vLLM eager (rollout.enforce_eager=True)
+        step = estimate_step_time(model, gpu, workload, cand, layout, logprob_loop=loop, vllm_eager=True)
         mem = estimate_memory(model, gpu, workload, cand, layout)
         tps = step.tokens_per_s_per_gpu
         cells = [f"{m['perf/throughput']:5.0f} {tps:5.0f} {tps / m['perf/throughput']:4.2f}",
@@ -124,7 +125,9 @@ def main() -> int:
     print("cells: measured, sim, sim/measured. GPU peak: NVML's used memory over the probe (every process: the trainer"
           " and vLLM's server); the first study's probes and the 2026-12-06 launches kept no NVML peak. The 2026-12-06"
           " rows ran on one H200 one after the other (benchmarks/results/h200-2026-12-06-fused); the loop's constants"
-          " were measured on them (calibration.py logprob_loop_*), so only the 2026-12-03 rows are held out.")
+          " were measured on them (calibration.py logprob_loop_*), so only the 2026-12-03 rows are held out. Both"
+          " tables price the job's eager vLLM (calibration.py eager_decode_s_per_layer, fitted on the 2026-12-05"
+          " study, none of these rows).")
     return 0
 
 
