@@ -1,10 +1,11 @@
 #!/bin/bash
-# A second 1-GPU GRPO job, not the one the node profile was learned on (issue 29): 16 prompts x 8 samples, 1,024-token
-# responses, dynamic batching (4096 / 8192 tokens per GPU), no KL loss (no reference pass), vLLM share 0.6.
+# A second 1-GPU GRPO job, not the one the node profile was learned on: issue 29's held-out job (16 prompts x 8
+# samples, 1,024-token responses, dynamic batching 4096 / 8192 tokens per GPU, no KL loss, so no reference pass, vLLM
+# share 0.6, vLLM with CUDA graphs: verl's default), the rest assumed (benchmarks/heldout_job_h200.py says what).
 # verl 0.9.1, FSDP actor, vLLM async rollout, a random-weight Qwen2 with
 # Qwen2.5-1.5B shapes and synthetic GSM8K (gpu/make_tiny_model.py, gpu/make_gsm8k_synth.py).
-# Other system knobs as in run_tiny_grpo.sh (verl's defaults, gradient checkpointing, vLLM eager), and what this
-# machine forces: no flash-attn, so no remove-padding and SDPA attention.
+# Other system knobs as in run_tiny_grpo.sh (verl's defaults, gradient checkpointing), and what this machine
+# forces: no flash-attn, so no remove-padding and SDPA attention.
 # Run it as is, or tune it: autotune run --backend verl --from run_other_grpo.sh --model qwen2.5-1.5b --gpus 1
 set -euo pipefail
 MODEL=${MODEL:-/tmp/tiny-qwen2}
@@ -41,7 +42,6 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.rollout.name=vllm \
     actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
     actor_rollout_ref.rollout.gpu_memory_utilization=0.6 \
-    actor_rollout_ref.rollout.enforce_eager=True \
     actor_rollout_ref.rollout.n=8 \
     actor_rollout_ref.rollout.max_model_len=1280 \
     actor_rollout_ref.rollout.agent.num_workers=2 \
