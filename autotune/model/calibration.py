@@ -124,8 +124,8 @@ class RolloutConstants:
     # replaying a CUDA graph, so a step costs host time per layer on top of the GPU's. Fitted by
     # benchmarks/fit_eager_decode.py on the 18 configurations of the 2026-12-05 H200 shared study (verl 0.9.1, vLLM
     # 0.24, Qwen2.5-1.5B shapes, 28 layers, 128 responses of up to 512 tokens, eager): the median of (measured gen
-    # - 1 s, the mean wait on verl's 2-s poll grid - the model's gen with CUDA graphs) / (decode steps x layers):
-    # 0.527 ms (range 0.386-0.670: the poll's 2-s steps). benchmarks/results/fit_eager_decode.txt.
+    # - the model's gen with CUDA graphs, verl's mean poll wait below included) / (decode steps x layers): 0.527 ms
+    # (range 0.386-0.670: the poll's 2-s steps). benchmarks/results/fit_eager_decode.txt.
     eager_decode_s_per_layer: float = 0.527e-3
     # verl 0.9.1's trainer learns that the rollout is done from its replay buffer, polled every 2 s
     # (trainer/ppo/v1/replay_buffer.py:144, 409; trainer_base.py:565-574): gen ends on that grid, 1 s late on average
