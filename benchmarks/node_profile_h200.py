@@ -41,12 +41,14 @@ SOURCE_DB = RESULTS / "h200-2026-12-05-verl-shared" / "autotune.db"
 HELD_OUT = [("h200-2026-12-03-verl-2", trial) for trial in (0, 1, 2)]
 
 
-def source_cfg(study: optuna.Study, loop: bool) -> TuneConfig:
+def source_cfg(study: optuna.Study, loop: bool, db: Path = SOURCE_DB) -> TuneConfig:
+    """The configuration that prices a stored study's probes as that study did (its identity; `loop`: verl's
+    per-token log-prob loop priced), for reading its rows back (search/node_prior.study_rows)."""
     identity = study.user_attrs["identity"]
     return TuneConfig(model=model_from_identity(identity), gpu=get_gpu(identity["gpu"]),
                       gpus_per_node=identity["gpus_per_node"], nodes=identity["nodes"], backend=identity["backend"],
-                      trials=0, storage_url=f"sqlite:///{SOURCE_DB}", study_name=study.study_name,
-                      out_dir=SOURCE_DB.parent, seed=0, workload=workload_of(identity), fixed={}, ranges={},
+                      trials=0, storage_url=f"sqlite:///{db}", study_name=study.study_name,
+                      out_dir=db.parent, seed=0, workload=workload_of(identity), fixed={}, ranges={},
                       tune_workload=(), probe=ProbeBudget(), passthrough=identity.get("passthrough") or {},
                       logprob_loop=loop)
 

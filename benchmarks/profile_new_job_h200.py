@@ -15,34 +15,27 @@ import math
 import statistics
 import sys
 
+from pathlib import Path
+
 import optuna
 from optuna.trial import TrialState
 
-from autotune.config import ProbeBudget, TuneConfig
-from autotune.hardware import get_gpu
-from autotune.models import model_from_identity
 from autotune.search.learned import base_prediction
 from autotune.spaces.candidate import Candidate
 from autotune.storage.node_profile import PROFILE_ATTR, describe_summary, phase_factors
 from autotune.storage.results import workload_of
 
+sys.path.insert(0, str(Path(__file__).parent))
+from node_profile_h200 import source_cfg  # noqa: E402
+
 WITHIN = 1.25
-
-
-def study_cfg(study: optuna.Study, url: str) -> TuneConfig:
-    identity = study.user_attrs["identity"]
-    return TuneConfig(model=model_from_identity(identity), gpu=get_gpu(identity["gpu"]),
-                      gpus_per_node=identity["gpus_per_node"], nodes=identity["nodes"], backend=identity["backend"],
-                      trials=0, storage_url=url, study_name=study.study_name, out_dir=".", seed=0,
-                      workload=workload_of(identity), fixed={}, ranges={}, tune_workload=(), probe=ProbeBudget(),
-                      passthrough=identity.get("passthrough") or {}, logprob_loop=True)
 
 
 def main(db: str) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url = f"sqlite:///{db}"
     study = optuna.load_study(study_name=optuna.get_all_study_summaries(url)[0].study_name, storage=url)
-    cfg = study_cfg(study, url)
+    cfg = source_cfg(study, loop=True, db=Path(db))
     summary = study.user_attrs.get(PROFILE_ATTR)
     factors = phase_factors(summary)
     print(describe_summary(summary))

@@ -8,25 +8,26 @@ them: the term must explain their training phases there, where the model without
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import optuna
 import pytest
 
-from autotune.config import ProbeBudget, TuneConfig
 from autotune.hardware import get_gpu
 from autotune.model.calibration import DEFAULT_CONSTANTS
 from autotune.model.cost import estimate_step_time, logprob_loop_s
-from autotune.models import get_model, model_from_identity
+from autotune.models import get_model
 from autotune.search.node_prior import study_rows
 from autotune.spaces.candidate import Candidate
 from autotune.spaces.layout import ParallelLayout
-from autotune.storage.results import workload_of
 from autotune.workload import Workload
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED_DB = ROOT / "benchmarks" / "results" / "h200-2026-12-05-verl-shared" / "autotune.db"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import node_profile_h200  # noqa: E402  (the stored study priced as it ran)
 Q15 = get_model("qwen2.5-1.5b")
 H200 = get_gpu("H200")
 JOB = Workload(train_batch_size=32, ppo_mini_batch_size=16, rollout_n=4, max_prompt_length=256, max_response_length=512)
@@ -75,12 +76,7 @@ def _shared_study_rows(loop: bool) -> dict[str, list[float]]:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url = f"sqlite:///{SHARED_DB}"
     study = optuna.load_study(study_name=optuna.get_all_study_summaries(url)[0].study_name, storage=url)
-    identity = study.user_attrs["identity"]
-    cfg = TuneConfig(model=model_from_identity(identity), gpu=get_gpu(identity["gpu"]), gpus_per_node=1, nodes=1,
-                     backend="verl", trials=0, storage_url=url, study_name=study.study_name, out_dir=SHARED_DB.parent,
-                     seed=0, workload=workload_of(identity), fixed={}, ranges={}, tune_workload=(),
-                     probe=ProbeBudget(), passthrough=identity.get("passthrough") or {}, logprob_loop=loop)
-    rows, _, probes = study_rows(study, cfg)
+    rows, _, probes = study_rows(study, node_profile_h200.source_cfg(study, loop, db=SHARED_DB))
     assert probes == 18
     return rows
 
