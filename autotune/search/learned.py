@@ -78,13 +78,18 @@ REF_MICRO = ("use_dynamic_bsz", "ref_log_prob_micro_batch_size_per_gpu", "log_pr
 # benchmarks/results/search_efficiency.md). The engine keeps its shared term: narrowing it cost the fast-engine
 # truth two probes (FSDP layouts were tried before Megatron TP 1).
 _ALL = 0.8
+_FLAG = 0.07  # per flag, shared by every layout
 
 
 def _train_levels(micro: tuple) -> tuple:
     # the layout carries most of the prior: within a measured layout the model's own structure (micro-batch
     # size, savers) is trusted more, so exploring spends probes on untried layouts, not on re-tries of one
-    return (((), _ALL), (("actor_engine",), 0.15), (LAYOUT, 0.15), (micro, 0.05), (LAYOUT + micro, 0.05),
-            (LAYOUT + TRAIN_FLAGS, 0.05), (LAYOUT + TRAIN_FLAGS + micro, 0.03))
+    # each flag also has a term of its own across layouts: a flag's error is mostly the flag's (fused kernels ran the
+    # H200 job's log-prob passes x2.5 faster in every layout, benchmarks/verl_h200/README.md), so a probe with it on
+    # in one layout corrects it in the others
+    return ((((), _ALL), (("actor_engine",), 0.15), (LAYOUT, 0.15), (micro, 0.05), (LAYOUT + micro, 0.05),
+             (LAYOUT + TRAIN_FLAGS, 0.05), (LAYOUT + TRAIN_FLAGS + micro, 0.03))
+            + tuple(((flag,), _FLAG) for flag in TRAIN_FLAGS))
 
 
 PHASE_LEVELS: dict[str, tuple] = {

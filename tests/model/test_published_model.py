@@ -182,6 +182,27 @@ def test_the_deepseek_v3_row_with_a_published_mean_meets_the_goal():
     assert 0.67 <= gen_ratio <= 1.5  # issue 30's per-phase goal
 
 
+@pytest.mark.xfail(strict=True, reason="issue 30, open: the model's training passes are 1.4-1.7x faster than verl PR "
+                   "2049's A800 run (old_log_prob 0.60, ref 0.63, update_actor 0.70 of published; gen 0.79)")
+def test_the_a800_row_nobody_fitted_on_meets_the_per_phase_goal():
+    # verl PR 2049's log (Qwen2.5-VL-7B, 8 A800s; phases and response_length/mean published): held out, fit: false
+    import importlib.util
+    from pathlib import Path
+
+    import yaml
+
+    path = Path(__file__).parents[2] / "benchmarks" / "sim_vs_published.py"
+    spec = importlib.util.spec_from_file_location("sim_vs_published", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows, _ = bench.rows_of(yaml.safe_load(bench.DATA.read_text()))
+    (row,) = [r for r in rows if r["id"] == "verl-vl7b-a800-8"]
+    assert row not in bench.fit_rows(rows)
+    phases = bench.step_of(row).phase_s
+    for phase in ("gen", "old_log_prob", "ref", "update_actor"):
+        assert 0.67 <= phases[phase] / row["published"][f"{phase}_s"] <= 1.5, phase
+
+
 def test_rows_whose_mean_is_inferred_are_never_fitted_on():
     """Issue 30: a phase row's mean response is inferred from its published old_log_prob, which gave 1.38x and 1.51x
     the real mean where it could be checked; the benchmark's fits (all rows, leave-one-out) use only published means."""

@@ -45,6 +45,19 @@ def test_two_layouts_disagreeing_keep_their_own_factors():
     assert set(LAYOUT) <= set(levels[2][0])
 
 
+def test_a_flag_measured_slow_in_one_layout_is_expected_slow_in_another():
+    """Issue 34's quirk truth (a factor per flag, across layouts): the flag's own term carries what one layout's
+    probes with it on and off taught to a layout never probed. Before, the flag only shared terms with its layout."""
+    levels = PHASE_LEVELS["update_actor"]
+    on = _params(actor_engine="fsdp", ulysses_sp=1, gradient_checkpointing=True)
+    off = _params(actor_engine="fsdp", ulysses_sp=1, gradient_checkpointing=False)
+    gp = PhaseGP(levels, [on, off], np.array([math.log(1.3), 0.0]))
+    other_on = _params(actor_engine="fsdp", ulysses_sp=2, gradient_checkpointing=True)
+    other_off = _params(actor_engine="fsdp", ulysses_sp=2, gradient_checkpointing=False)
+    (m_on, _), (m_off, _) = gp.predict(other_on), gp.predict(other_off)
+    assert m_on - m_off > 0.05  # 0.0 without a term per flag
+
+
 def test_corrected_model_learns_a_slower_generation_from_its_phase_times(tmp_path):
     from dataclasses import replace as dc_replace
 
