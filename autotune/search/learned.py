@@ -3,8 +3,8 @@
 Each launched probe measures every GRPO phase (verl's `timing_s/gen`, `old_log_prob`, `ref`, `update_actor`,
 `update_weights`). For each phase, the log of measured over predicted time is modelled as a Gaussian process
 over the knobs that drive that phase, with an additive kernel of exact-match terms: one term per group of
-knobs (every candidate; same rollout TP; same actor layout; same layout and micro-batching; ...), each with
-its own prior scale. A probe therefore corrects the phase for every untried candidate that shares a group
+knobs (every candidate; same rollout TP; same actor layout; same layout and micro-batching; each memory saver or
+kernel flag alone, across layouts; ...), each with its own prior scale (the flags' picked by the marginal likelihood). A probe therefore corrects the phase for every untried candidate that shares a group
 with it, and most for those that share the finest groups; a candidate that shares nothing keeps the prior
 uncertainty. This is GP regression with a sum of categorical (Hamming-type) kernels, as BoTorch's mixed
 kernels use for categorical inputs, kept to numpy and a few dozen observations.
