@@ -140,18 +140,30 @@ def test_estimate_cli_takes_the_mean_response_length(capsys):
     assert "at mean 500" in out and "as verl reports it (model-FLOPs utilisation" in out
 
 
-def test_the_published_runs_benchmark_meets_its_goal():
+def _benchmark(name: str):
+    """A benchmark script of benchmarks/ as a module (they are scripts, not a package)."""
     import importlib.util
-    import statistics
     from pathlib import Path
 
-    import yaml
-
-    path = Path(__file__).parents[2] / "benchmarks" / "sim_vs_published.py"
-    spec = importlib.util.spec_from_file_location("sim_vs_published", path)
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[2] / "benchmarks" / f"{name}.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def _published_rows():
+    """(the published-runs benchmark module, its rows as it prices them)."""
+    import yaml
+
+    bench = _benchmark("sim_vs_published")
     rows, _ = bench.rows_of(yaml.safe_load(bench.DATA.read_text()))
+    return bench, rows
+
+
+def test_the_published_runs_benchmark_meets_its_goal():
+    import statistics
+
+    bench, rows = _published_rows()
     # issue 16's bar: >= 12 runs, >= 3 sources of >= 3 publishers, >= 2 GPU types, dense and MoE
     assert len(rows) >= 12 and len({r["source"] for r in rows}) >= 3 and len({r["gpu"] for r in rows}) >= 2
     assert len({r["publisher"] for r in rows}) >= 3
@@ -165,16 +177,7 @@ def test_the_deepseek_v3_row_with_a_published_mean_meets_the_goal():
     # 0.33 (gen 433 s of the published 1050) while the model priced its eager vLLM as CUDA graphs; 0.55 (gen 809 s)
     # with the eager decode term fitted on the H200 recipe job, a 1.5B model (benchmarks/fit_eager_decode.py). The
     # model's other phases still sum to 121 s where the published step leaves 650 s beside gen.
-    import importlib.util
-    from pathlib import Path
-
-    import yaml
-
-    path = Path(__file__).parents[2] / "benchmarks" / "sim_vs_published.py"
-    spec = importlib.util.spec_from_file_location("sim_vs_published", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    rows, _ = bench.rows_of(yaml.safe_load(bench.DATA.read_text()))
+    bench, rows = _published_rows()
     (row,) = [r for r in rows if r["id"] == "verl-dsv3-671b-h20-96"]
     (ratio,) = bench.ratios([row], DEFAULT_CONSTANTS)
     assert 0.5 <= ratio <= 2.0
@@ -186,16 +189,7 @@ def test_the_deepseek_v3_row_with_a_published_mean_meets_the_goal():
                    "2049's A800 run (old_log_prob 0.60, ref 0.63, update_actor 0.70 of published; gen 0.79)")
 def test_the_a800_row_nobody_fitted_on_meets_the_per_phase_goal():
     # verl PR 2049's log (Qwen2.5-VL-7B, 8 A800s; phases and response_length/mean published): held out, fit: false
-    import importlib.util
-    from pathlib import Path
-
-    import yaml
-
-    path = Path(__file__).parents[2] / "benchmarks" / "sim_vs_published.py"
-    spec = importlib.util.spec_from_file_location("sim_vs_published", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    rows, _ = bench.rows_of(yaml.safe_load(bench.DATA.read_text()))
+    bench, rows = _published_rows()
     (row,) = [r for r in rows if r["id"] == "verl-vl7b-a800-8"]
     assert row not in bench.fit_rows(rows)
     phases = bench.step_of(row).phase_s
@@ -206,16 +200,7 @@ def test_the_a800_row_nobody_fitted_on_meets_the_per_phase_goal():
 def test_rows_whose_mean_is_inferred_are_never_fitted_on():
     """Issue 30: a phase row's mean response is inferred from its published old_log_prob, which gave 1.38x and 1.51x
     the real mean where it could be checked; the benchmark's fits (all rows, leave-one-out) use only published means."""
-    import importlib.util
-    from pathlib import Path
-
-    import yaml
-
-    path = Path(__file__).parents[2] / "benchmarks" / "sim_vs_published.py"
-    spec = importlib.util.spec_from_file_location("sim_vs_published", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    rows, _ = bench.rows_of(yaml.safe_load(bench.DATA.read_text()))
+    bench, rows = _published_rows()
     used = bench.fit_rows(rows)
     assert used and all("implied_mean" not in r for r in used)
     assert any("implied_mean" in r for r in rows)
@@ -224,14 +209,7 @@ def test_rows_whose_mean_is_inferred_are_never_fitted_on():
 def test_the_model_peak_against_the_gpus_on_real_verl_probes():
     """verl 0.9.1 + vLLM on one H200 (benchmarks/results/h200-2026-12-03-verl-2): the model's whole-GPU peak against
     NVML's used memory over each probe (every process: trainer and vLLM server), none of them fitted on."""
-    import importlib.util
-    from pathlib import Path
-
-
-    path = Path(__file__).parents[2] / "benchmarks" / "sim_vs_verl_h200.py"
-    spec = importlib.util.spec_from_file_location("sim_vs_verl_h200", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _benchmark("sim_vs_verl_h200")
     checked = 0
     for folder, trial, nvml_peak_gib, _ in bench.TRIALS:
         if nvml_peak_gib is None:
