@@ -4,9 +4,9 @@ Each launched probe measures every GRPO phase (verl's `timing_s/gen`, `old_log_p
 `update_weights`). For each phase, the log of measured over predicted time is modelled as a Gaussian process
 over the knobs that drive that phase, with an additive kernel of exact-match terms: one term per group of
 knobs (every candidate; same rollout TP; same actor layout; same layout and micro-batching; each memory saver or
-kernel flag alone, across layouts; ...), each with its own prior scale (the flags' picked by the marginal likelihood). A probe therefore corrects the phase for every untried candidate that shares a group
-with it, and most for those that share the finest groups; a candidate that shares nothing keeps the prior
-uncertainty. This is GP regression with a sum of categorical (Hamming-type) kernels, as BoTorch's mixed
+kernel flag alone, across layouts; ...), each with its own prior scale (the flags' picked by the marginal
+likelihood). A probe therefore corrects the phase for every untried candidate that shares a group with it, and
+most for those that share the finest groups; a candidate that shares nothing keeps the prior uncertainty. This is GP regression with a sum of categorical (Hamming-type) kernels, as BoTorch's mixed
 kernels use for categorical inputs, kept to numpy and a few dozen observations.
 
 The corrected model picks the next probe three ways. *Improve*: the expected improvement of its throughput over
@@ -28,6 +28,7 @@ before they are proposed, and the driver checks them again.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import random
@@ -86,8 +87,8 @@ def _train_levels(micro: tuple) -> tuple:
     # the layout carries most of the prior: within a measured layout the model's own structure (micro-batch
     # size, savers) is trusted more, so exploring spends probes on untried layouts, not on re-tries of one
     # each flag also has a term of its own across layouts: a flag's error is mostly the flag's (fused kernels ran the
-    # H200 job's log-prob passes x2.5 faster in every layout, benchmarks/verl_h200/README.md), so a probe with it on
-    # in one layout corrects it in the others
+    # H200 job's log-prob passes x2.5 faster, benchmarks/verl_h200/README.md: one configuration, but the per-token loop
+    # they skip costs the same per token in any layout), so a probe with it on in one layout corrects it in the others
     return ((((), _ALL), (("actor_engine",), 0.15), (LAYOUT, 0.15), (micro, 0.05), (LAYOUT + micro, 0.05),
              (LAYOUT + TRAIN_FLAGS, 0.05), (LAYOUT + TRAIN_FLAGS + micro, 0.03))
             + tuple(((flag,), _FLAG) for flag in TRAIN_FLAGS))
@@ -135,10 +136,15 @@ class PhaseGP:
             for ix in groups.values():
                 K[np.ix_(ix, ix)] += scale * scale
         K[np.diag_indices(self.n)] += noise_rel ** 2
+        self._K, self._y = K, y
         self.K_inv = np.linalg.inv(K)
         self.alpha = self.K_inv @ y
-        # log marginal likelihood up to its constant: how well these prior scales explain the residuals
-        self.log_evidence = -0.5 * float(y @ self.alpha) - 0.5 * float(np.linalg.slogdet(K)[1])
+
+    @functools.cached_property
+    def log_evidence(self) -> float:
+        """Log marginal likelihood up to its constant: how well these prior scales explain the residuals (only the
+        phases with per-flag terms ask, _best_evidence)."""
+        return -0.5 * float(self._y @ self.alpha) - 0.5 * float(np.linalg.slogdet(self._K)[1])
 
     def predict(self, params: Mapping) -> tuple[float, float]:
         """(posterior mean, posterior variance) of log(measured / predicted) for this candidate."""

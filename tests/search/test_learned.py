@@ -58,6 +58,24 @@ def test_a_flag_measured_slow_in_one_layout_is_expected_slow_in_another():
     assert m_on - m_off > 0.05  # 0.0 without a term per flag
 
 
+def test_the_flag_terms_scale_is_what_the_probes_residuals_support():
+    """Each phase picks its flag terms' prior scale by marginal likelihood: a flag that erred alike in three layouts
+    keeps a term, residuals that ignore the flag drop it (a fixed term absorbed probe noise on the layout truth)."""
+    from autotune.search.learned import FLAG_SCALES, _best_evidence
+
+    levels = PHASE_LEVELS["update_actor"]
+    keys = [_params(actor_engine="fsdp", ulysses_sp=sp, gradient_checkpointing=on) for sp in (1, 2, 4)
+            for on in (True, False)]
+    flag_effect = np.array([math.log(1.3) if k["gradient_checkpointing"] else 0.0 for k in keys])
+    layout_only = np.array([math.log(1.3) if k["ulysses_sp"] == 2 else 0.0 for k in keys])
+
+    def flag_scale(gp):
+        return max([s for knobs, s in gp.levels if knobs == ("gradient_checkpointing",)], default=0.0)
+
+    assert flag_scale(_best_evidence(levels, keys, flag_effect, 0.05)) == max(FLAG_SCALES)
+    assert flag_scale(_best_evidence(levels, keys, layout_only, 0.05)) == 0.0
+
+
 def test_corrected_model_learns_a_slower_generation_from_its_phase_times(tmp_path):
     from dataclasses import replace as dc_replace
 
