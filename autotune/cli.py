@@ -485,6 +485,9 @@ def status_line(doc: dict, target: int, done: int) -> str:
         text = "best none"
     else:
         text = f"best {best['tokens_per_s_per_gpu']:.0f} tok/s/GPU (trial {best['trial']}, exported)"
+        after = [p["trial"] for p in best.get("probes") or () if p.get("scored") and p["trial"] != best["trial"]]
+        if after:  # storage/records.pooled: the probe that chose it for confirmation is left out of its score
+            text += f", scored by its confirmation probe(s) {', '.join(map(str, after))}"
         if doc.get("speedup_vs_baseline"):
             from autotune.storage.noise import describe as noise_clause
             text += (f", x{doc['speedup_vs_baseline']:.2f} vs {doc['baseline_is']} (trial {doc['baseline']['trial']}; "

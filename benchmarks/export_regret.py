@@ -145,8 +145,9 @@ def main(argv: list[str] | None = None) -> int:
           f"({time.time() - started:.0f} s)")
     print(f"\n{args.job}, truth {args.truth}, machines {args.machine_offset}-{args.machine_offset + args.machines - 1} "
           f"(one search each), budget {args.budget} launched probes\n")
-    print("| noise sigma | method | mean regret @15 | mean regret @40 | export measured/true (median) | searches |")
-    print("|---|---|---|---|---|---|")
+    print("| noise sigma | method | mean regret @15 | mean regret @40 | export measured/true (median) "
+          "| measured/true (geometric mean) | searches |")
+    print("|---|---|---|---|---|---|---|")
     for sigma in args.sigma:
         for method in args.methods:
             runs = [r for r in rows if r["sigma"] == sigma and r["method"] == method]
@@ -155,9 +156,9 @@ def main(argv: list[str] | None = None) -> int:
             cells = [f"{100 * statistics.fmean(regret_at(r, k) for r in runs):.1f}%" if k <= args.budget else "-"
                      for k in CHECK_AT]
             over = [r["overstated"] for r in runs if r["overstated"] == r["overstated"]]
-            print(f"| {sigma} | {method} | {' | '.join(cells)} | "
-                  f"{statistics.median(over):.3f} | {len(runs)} |" if over else
-                  f"| {sigma} | {method} | {' | '.join(cells)} | - | {len(runs)} |")
+            print(f"| {sigma} | {method} | {' | '.join(cells)} | {statistics.median(over):.3f} | "
+                  f"{statistics.geometric_mean(over):.3f} | {len(runs)} |" if over else
+                  f"| {sigma} | {method} | {' | '.join(cells)} | - | - | {len(runs)} |")
     return 0
 
 

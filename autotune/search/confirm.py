@@ -1,13 +1,14 @@
-"""Confirm before export (issue 34): the leaders within one step's noise of the best are probed once more, and the
-export is the configuration with the best mean over its probes, not the one with the luckiest single step.
+"""Confirm before export (issue 34): the best and the leaders within one step's noise of it are probed once more, and
+the export is the configuration with the best posterior over its probes, not the one with the luckiest single step.
 
 A search that takes the highest of many noisy measurements exports a lucky one: on the search benchmark's fresh
 machines with a per-probe noise of sigma 0.1, the exported configuration's measured score overstated its true
 score by 1.18x on median, and it was more than 1% below the best configuration probed in 14/20 searches (issue
 34). The study reserves `search.confirm` of its trials and probes for this; once the search part has spent the
-rest, the configurations whose score is within the noise band of the fastest (95%, the noise one probe carries:
-storage/noise.probe_sigma) are enqueued again, the fastest first. Their probes pool with the first ones
-(storage/records.pooled), and the noise between probes is measured by them (storage/noise.py). A backend whose probe is
+rest, the fastest configuration and those whose score is within the noise band of it (95%, the noise one probe
+carries: storage/noise.probe_sigma) are enqueued again, the fastest first. The fastest is probed again even alone:
+its first probe is what chose it, so its score comes from the probe after (storage/records.pooled). The noise
+between probes is measured by them (storage/noise.py). A backend whose probe is
 deterministic (the sim) has nothing to confirm.
 """
 
@@ -26,16 +27,17 @@ Z95 = 1.96
 
 
 def leaders(study: optuna.Study, k: int) -> list:
-    """Up to k configurations to probe again: the fastest and those within the noise band of it (a ratio below
-    exp(1.96 sigma sqrt(1/n_best + 1/n)) over the probes behind each), as pooled records; none when no other is within the band."""
+    """Up to k configurations to probe again, as pooled records: the fastest, always (its probe was the highest of
+    many, so high by luck: the score shown for the export comes from this probe, storage/records.pooled), then those
+    within the noise band of it (a ratio below exp(1.96 sigma sqrt(1/n_best + 1/n)) over the probes behind each)."""
     ranked = best_records(study, k=len(study.trials))
-    if k < 2 or len(ranked) < 2:
+    if k < 1 or not ranked:
         return []
     sigma = probe_sigma(measured_noise(records(study)))
     best = ranked[0]
     close = [r for r in ranked[1:] if math.log(best.tokens_per_s_per_gpu / r.tokens_per_s_per_gpu)
              <= Z95 * sigma * math.sqrt(1 / probes_of(best) + 1 / probes_of(r))]
-    return [best] + close[:k - 1] if close else []
+    return [best] + close[:k - 1]
 
 
 def enqueue(study: optuna.Study, k: int) -> list[int]:

@@ -40,8 +40,9 @@ def t95(dof: int) -> float:
 
 
 def probes_of(rec: TrialRecord) -> int:
-    """The probes behind a score: more than one for a configuration probed again (storage/records.pooled)."""
-    return len(rec.user_attrs.get("repeats") or ()) or 1
+    """The probes behind a score: more than one for a configuration probed again more than once
+    (storage/records.pooled scores a confirmed configuration by its confirmations alone)."""
+    return sum(1 for p in rec.user_attrs.get("repeats") or () if p.get("scored", True)) or 1
 
 
 def _pooled_sd(groups: list[list[float]]) -> tuple[float, int]:

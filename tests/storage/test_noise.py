@@ -88,6 +88,24 @@ def test_a_confirmation_probe_pools_with_its_configuration():
     assert noise["sigma_rel"] == pytest.approx(abs(math.log(130 / 110)) / math.sqrt(2))
 
 
+def test_a_confirmed_score_leaves_out_the_probe_that_chose_it():
+    """The search confirms its highest probe, which is high by luck; a probe taken after that choice is not."""
+    from autotune.storage.noise import probes_of
+
+    first = _rec(1, [130.0], config="a")
+    again = _rec(2, [110.0], config="a", confirms=1)
+    (rec,) = pooled([first, again])
+    assert rec.number == 1 and rec.tokens_per_s_per_gpu == pytest.approx(110.0)
+    assert [(p["trial"], p["scored"]) for p in rec.user_attrs["repeats"]] == [(1, False), (2, True)]
+    assert probes_of(rec) == 1
+    third = _rec(3, [100.0, 120.0], config="a", confirms=1)  # two timed steps weigh twice
+    (rec,) = pooled([first, again, third])
+    assert rec.tokens_per_s_per_gpu == pytest.approx((110.0 * 110.0 ** 2) ** (1 / 3))
+    assert probes_of(rec) == 2
+    # the noise between probes still counts every probe, the chosen one too
+    assert measured_noise([first, again])["sigma_rel"] == pytest.approx(abs(math.log(130 / 110)) / math.sqrt(2))
+
+
 def test_the_h200_shared_launch_study_calls_its_speedup_within_the_noise():
     """2026-12-05, one H200: the job timed at the launch's start and end (1751 and 1456 tokens/s/GPU) is the only
     repeat; a score's noise is at least 13%, and with one repeat the x1.30 of the best is not shown to be a speedup."""
