@@ -488,6 +488,8 @@ def status_line(doc: dict, target: int, done: int) -> str:
         after = [p["trial"] for p in best.get("probes") or () if p.get("scored") and p["trial"] != best["trial"]]
         if after:  # storage/records.pooled: the probe that chose it for confirmation is left out of its score
             text += f", scored by its confirmation probe(s) {', '.join(map(str, after))}"
+        if best.get("posterior_tokens_per_s_per_gpu"):  # what the export ranked by where probes are noisy
+            text += f", {best['posterior_tokens_per_s_per_gpu']:.0f} under the corrected model"
         if doc.get("speedup_vs_baseline"):
             from autotune.storage.noise import describe as noise_clause
             text += (f", x{doc['speedup_vs_baseline']:.2f} vs {doc['baseline_is']} (trial {doc['baseline']['trial']}; "

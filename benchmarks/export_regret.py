@@ -18,6 +18,7 @@ issue's independent run; a test split 70-89 is left for one final run per change
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing
 import statistics
 import sys
@@ -43,8 +44,9 @@ METHODS = ("autotune", "autotune_no_confirm", "autotune_measured", "tpe_rules", 
 CHECK_AT = (15, 40)
 
 
-def autotune_exports(machine: Machine, budget: int, search: SearchOptions) -> tuple[list[float], float]:
-    """True/optimum of the export after each launched probe, and measured/true of the final export."""
+def autotune_exports(machine: Machine, budget: int, search: SearchOptions) -> tuple[list[float], float, float]:
+    """True/optimum of the export after each launched probe, and measured/true and posterior/true of the final
+    export (the posterior: its throughput under the corrected model, which the export is ranked by)."""
     job = machine.job
     cfg = TuneConfig(model=machine.model, gpu=machine.gpu, gpus_per_node=job.gpus_per_node, nodes=job.nodes,
                      backend="sim", trials=100_000, storage_url="sqlite:///:memory:", study_name="bench",
@@ -60,7 +62,7 @@ def autotune_exports(machine: Machine, budget: int, search: SearchOptions) -> tu
     base = baseline_record(study)
     base_params = (base.user_attrs.get("candidate") or base.params) if base else {}
     launched = [t.number for t in trials if t.user_attrs.get("launched")]
-    values, last = [], None
+    values, last, post = [], None, None
     noisy = study.user_attrs.get(NOISY_ATTR) and search.learn
     for k_last in launched:
         prefix = [t for t in trials if t.number <= k_last]
@@ -71,7 +73,8 @@ def autotune_exports(machine: Machine, budget: int, search: SearchOptions) -> tu
         last = ranked[0] if ranked else None
         values.append(machine.truth(Candidate.from_params(last.user_attrs["candidate"]), job.workload) if last else 0.0)
     overstated = last.tokens_per_s_per_gpu / values[-1] if last and values[-1] else float("nan")
-    return values, overstated
+    post_over = post[str(last.number)] / values[-1] if post and last and values[-1] else float("nan")
+    return values, overstated, post_over
 
 
 def argmax_exports(machine: Machine, space, budget: int, method: str, seed: int) -> tuple[list[float], float]:
@@ -81,7 +84,7 @@ def argmax_exports(machine: Machine, space, budget: int, method: str, seed: int)
         trace = se.run_autotune(machine, budget, se.SEARCH["tpe_rules"])
     else:
         trace = se.run_optuna_plain(machine, space, budget, sampler)
-    return trace.best_true, float("nan")
+    return trace.best_true, float("nan"), float("nan")
 
 
 def run_unit(unit: tuple) -> list[dict]:
@@ -103,12 +106,13 @@ def run_unit(unit: tuple) -> list[dict]:
                 machine.runner.deterministic = True
             if method.startswith("autotune"):
                 search = SearchOptions(confirm=0) if method != "autotune" else SearchOptions()
-                values, overstated = autotune_exports(machine, budget, search)
+                values, overstated, post_over = autotune_exports(machine, budget, search)
             else:
-                values, overstated = argmax_exports(machine, space, budget, method, seed)
+                values, overstated, post_over = argmax_exports(machine, space, budget, method, seed)
             rows.append(dict(job=job_name, truth=truth_name, machine=machine_seed, seed=seed, method=method,
                              sigma=sigma, optimum=opt.tokens_per_s_per_gpu,
                              share=[v / opt.tokens_per_s_per_gpu for v in values], overstated=overstated,
+                             posterior_over=post_over,
                              seconds=round(time.time() - started, 1)))
     print(f"  {job_name} {truth_name} machine {machine_seed} sigma {sigma} done", file=sys.stderr, flush=True)
     return rows
@@ -146,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{args.job}, truth {args.truth}, machines {args.machine_offset}-{args.machine_offset + args.machines - 1} "
           f"(one search each), budget {args.budget} launched probes\n")
     print("| noise sigma | method | mean regret @15 | mean regret @40 | export measured/true (median) "
-          "| measured/true (geometric mean) | searches |")
-    print("|---|---|---|---|---|---|---|")
+          "| measured/true (geometric mean) | posterior/true (median, geometric mean) | searches |")
+    print("|---|---|---|---|---|---|---|---|")
     for sigma in args.sigma:
         for method in args.methods:
             runs = [r for r in rows if r["sigma"] == sigma and r["method"] == method]
@@ -156,9 +160,11 @@ def main(argv: list[str] | None = None) -> int:
             cells = [f"{100 * statistics.fmean(regret_at(r, k) for r in runs):.1f}%" if k <= args.budget else "-"
                      for k in CHECK_AT]
             over = [r["overstated"] for r in runs if r["overstated"] == r["overstated"]]
+            post = [r["posterior_over"] for r in runs if r.get("posterior_over", math.nan) == r.get("posterior_over")]
+            post_cell = (f"{statistics.median(post):.3f}, {statistics.geometric_mean(post):.3f}" if post else "-")
             print(f"| {sigma} | {method} | {' | '.join(cells)} | {statistics.median(over):.3f} | "
-                  f"{statistics.geometric_mean(over):.3f} | {len(runs)} |" if over else
-                  f"| {sigma} | {method} | {' | '.join(cells)} | - | - | {len(runs)} |")
+                  f"{statistics.geometric_mean(over):.3f} | {post_cell} | {len(runs)} |" if over else
+                  f"| {sigma} | {method} | {' | '.join(cells)} | - | - | {post_cell} | {len(runs)} |")
     return 0
 
 

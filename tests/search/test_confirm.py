@@ -58,7 +58,9 @@ def test_the_leaders_are_probed_again_and_the_export_is_scored_by_its_confirmati
     assert best.tokens_per_s_per_gpu == pytest.approx(after["tokens_per_s_per_gpu"], rel=1e-9)
     doc = summary(study, f"sqlite:///{tmp_path / 'a.db'}")
     assert doc["best"]["tokens_per_s_per_gpu"] == pytest.approx(after["tokens_per_s_per_gpu"], rel=1e-9)
-    assert f"scored by its confirmation probe(s) {after['trial']}" in status_line(doc, 14, 14)
+    line = status_line(doc, 14, 14)
+    assert f"scored by its confirmation probe(s) {after['trial']}" in line
+    assert f"{doc['best']['posterior_tokens_per_s_per_gpu']:.0f} under the corrected model" in line
 
 
 def _measured_study(scores: dict[int, float]) -> optuna.Study:
