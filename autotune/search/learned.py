@@ -1,13 +1,9 @@
 """Learn from every probe's phases: the cost model corrected where the probes say it is wrong (issue 19).
 
 Each launched probe measures every GRPO phase (verl's `timing_s/gen`, `old_log_prob`, `ref`, `update_actor`,
-`update_weights`). For each phase, the log of measured over predicted time is modelled as a Gaussian process
-over the knobs that drive that phase, with an additive kernel of exact-match terms: one term per group of
-knobs (every candidate; same rollout TP; same actor layout; same layout and micro-batching; each memory saver or
-kernel flag alone, across layouts; ...), each with its own prior scale (the flags' picked by the marginal
-likelihood). A probe therefore corrects the phase for every untried candidate that shares a group with it, and
-most for those that share the finest groups; a candidate that shares nothing keeps the prior uncertainty. This is GP regression with a sum of categorical (Hamming-type) kernels, as BoTorch's mixed
-kernels use for categorical inputs, kept to numpy and a few dozen observations.
+`update_weights`). For each phase, the log of measured over predicted time is a Gaussian process over the knobs
+that drive that phase (search/phase_gp.py); the cost model times those corrections, with their uncertainty, is the
+corrected model.
 
 The corrected model picks the next probe three ways. *Improve*: the expected improvement of its throughput over
 the best measured one, the step time log-normal (each phase's posterior, summed by moment matching). The
@@ -28,9 +24,7 @@ before they are proposed, and the driver checks them again.
 
 from __future__ import annotations
 
-import functools
 import math
-import operator
 import random
 import statistics
 import weakref
@@ -46,8 +40,10 @@ from autotune.model.calibration import DEFAULT_CONSTANTS
 from autotune.model.cost import estimate_step_time
 from autotune.model.host_memory import estimate_host_memory
 from autotune.model.memory import estimate_memory
-from autotune.search.equivalence import (LAYOUT, ROLLOUT_SETTING, canonical_params, config_key, layout_key,
+from autotune.search.equivalence import (LAYOUT, canonical_params, config_key, layout_key,
                                          rollout_key, tried_keys)
+from autotune.search.phase_gp import (WHOLE_PHASE, DEFAULT_LEVELS, NOISE_REL, PHASE_LEVELS, ROLLOUT, PhaseGP,
+                                      best_evidence_gp)
 from autotune.search.prescreen import MemoryGate, dominates_oom, measured_outcomes, memory_ratio
 from autotune.search.warmstart import neighbours, sample_point
 from autotune.spaces.candidate import Candidate
@@ -60,55 +56,9 @@ from autotune.storage.noise import measured_noise, probe_sigma
 from autotune.storage.records import TrialRecord, best_records, is_result
 from autotune.workload import Workload
 
-ROLLOUT = ("rollout_tp", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill")
-SCHEDULER = ("rollout_tp", "max_num_seqs", "enable_chunked_prefill", "max_num_batched_tokens")
-TRAIN_FLAGS = ("gradient_checkpointing", "activation_offload", "param_offload", "optimizer_offload", "use_liger",
-               "use_fused_kernels", "use_remove_padding", "use_torch_compile", "cuda_device_max_connections")
-UPDATE_MICRO = ("use_dynamic_bsz", "ppo_micro_batch_size_per_gpu", "ppo_max_token_len_per_gpu")
-OLD_MICRO = ("use_dynamic_bsz", "log_prob_micro_batch_size_per_gpu", "log_prob_max_token_len_per_gpu")
-REF_MICRO = ("use_dynamic_bsz", "ref_log_prob_micro_batch_size_per_gpu", "log_prob_max_token_len_per_gpu",
-             "ref_param_offload")
-
-# Prior standard deviation of log(measured / predicted) explained by each group. The whole-phase term is wide:
-# generation on a real verl run was 5x slower than predicted (log 5 = 1.6). The group terms are about the
-# size of the sim's per-trial phase errors against the torch probe (update_actor -1% to -35%,
-# benchmarks/results/sim_vs_torch_probe.txt), split over coarse and fine groups. For generation most of it
-# sits on the vLLM setting itself (TP, batch and chunking) and less on the rollout TP it shares with others: a
-# wide TP term let one probe of a TP 2 setting that ran slow mark down every TP 2 setting, and on 32B development
-# machine 29 that kept the optimum's rollout setting, the model's third, from a probe until probe 19 (round 6,
-# benchmarks/results/search_efficiency.md). The engine keeps its shared term: narrowing it cost the fast-engine
-# truth two probes (FSDP layouts were tried before Megatron TP 1).
-_ALL = 0.8
-_FLAG = 0.07  # per flag, shared by every layout: the largest prior scale; each phase picks its own (FLAG_SCALES)
-FLAG_SCALES = (0.0, 0.035, _FLAG)
-
-
-def _train_levels(micro: tuple) -> tuple:
-    # the layout carries most of the prior: within a measured layout the model's own structure (micro-batch
-    # size, savers) is trusted more, so exploring spends probes on untried layouts, not on re-tries of one
-    # each flag also has a term of its own across layouts: a flag's error is mostly the flag's (fused kernels ran the
-    # H200 job's log-prob passes x2.5 faster, benchmarks/verl_h200/README.md: one configuration, but the per-token loop
-    # they skip costs the same per token in any layout), so a probe with it on in one layout corrects it in the others
-    return ((((), _ALL), (("actor_engine",), 0.15), (LAYOUT, 0.15), (micro, 0.05), (LAYOUT + micro, 0.05),
-             (LAYOUT + TRAIN_FLAGS, 0.05), (LAYOUT + TRAIN_FLAGS + micro, 0.03))
-            + tuple(((flag,), _FLAG) for flag in TRAIN_FLAGS))
-
-
-PHASE_LEVELS: dict[str, tuple] = {
-    # vLLM's scheduler setting (TP, batch, chunking, token budget) vs the memory share, which only sets KV room
-    "gen": (((), _ALL), (("rollout_tp",), 0.1), (("rollout_tp", "enable_chunked_prefill"), 0.07),
-            (("rollout_tp", "max_num_seqs"), 0.07), (ROLLOUT_SETTING, 0.18), (SCHEDULER, 0.05),
-            (("rollout_tp", "gpu_memory_utilization"), 0.05), (ROLLOUT, 0.03)),
-    "update_actor": _train_levels(UPDATE_MICRO),
-    "old_log_prob": _train_levels(OLD_MICRO),
-    "ref": _train_levels(REF_MICRO),
-    "update_weights": (((), _ALL), (("rollout_tp",), 0.15), (("rollout_tp", "param_offload") + LAYOUT, 0.1)),
-}
-_DEFAULT_LEVELS = (((), _ALL), (LAYOUT, 0.15), (ROLLOUT, 0.15))
 # the narrowest whole-phase prior a node profile gives: a new job on a known node still differs by up to ~1.25x per
 # phase (log 1.25 = 0.22), which the profile's spread over one job's configurations does not show
 PROFILE_MIN_SCALE = 0.2
-NOISE_REL = 0.05  # run-to-run spread of a phase's median time (the sim plays 3% per step)
 NOISY_ATTR = "noisy_probes"  # study attribute: the backend's probes are noisy (ProbeRunner.deterministic is False)
 # two improve picks per exploit or refine pick; one slot in twelve is left to TPE (the first after the warm start
 # and 11 proposals), so a truth the kernel cannot express still gets other probes without spending the early ones
@@ -117,76 +67,6 @@ CYCLE = ("improve", "improve", "exploit", "improve", "improve", "refine", "impro
 REFINE_MIN_GAIN = 0.005  # a refine pick's expected improvement, as a share of the incumbent; else it exploits
 CYCLE_ATTR = "learned_cycle"
 
-
-class PhaseGP:
-    """GP regression of one phase's log residual on exact-match group kernels."""
-
-    def __init__(self, levels: tuple, keys: list[dict], y: np.ndarray, noise_rel: float = NOISE_REL) -> None:
-        self.levels = levels
-        self.n = len(y)
-        self.var0 = sum(s * s for _, s in levels)
-        self.index: list[dict] = []
-        self.getters = [_getter(knobs) for knobs, _ in levels]
-        K = np.zeros((self.n, self.n))
-        for (knobs, scale), get in zip(levels, self.getters):
-            groups: dict = {}
-            for i, params in enumerate(keys):
-                groups.setdefault(get(params), []).append(i)
-            self.index.append({g: np.array(ix) for g, ix in groups.items()})
-            for ix in groups.values():
-                K[np.ix_(ix, ix)] += scale * scale
-        K[np.diag_indices(self.n)] += noise_rel ** 2
-        self._K, self._y = K, y
-        self.K_inv = np.linalg.inv(K)
-        self.alpha = self.K_inv @ y
-
-    @functools.cached_property
-    def log_evidence(self) -> float:
-        """Log marginal likelihood up to its constant: how well these prior scales explain the residuals (only the
-        phases with per-flag terms ask, _best_evidence)."""
-        return -0.5 * float(self._y @ self.alpha) - 0.5 * float(np.linalg.slogdet(self._K)[1])
-
-    def predict(self, params: Mapping) -> tuple[float, float]:
-        """(posterior mean, posterior variance) of log(measured / predicted) for this candidate."""
-        k = np.zeros(self.n)
-        for (knobs, scale), index, get in zip(self.levels, self.index, self.getters):
-            ix = index.get(get(params))
-            if ix is not None:
-                k[ix] += scale * scale
-        mean = float(k @ self.alpha)
-        var = max(self.var0 - float(k @ self.K_inv @ k), 1e-6)
-        return mean, var
-
-
-def _with_flag_scale(levels: tuple, scale: float) -> tuple:
-    """These levels with each per-flag term at this prior scale (none at 0)."""
-    return tuple((knobs, scale if _is_flag_term(knobs) else s) for knobs, s in levels
-                 if not (_is_flag_term(knobs) and scale == 0))
-
-
-def _is_flag_term(knobs: tuple) -> bool:
-    return len(knobs) == 1 and knobs[0] in TRAIN_FLAGS
-
-
-def _best_evidence(levels: tuple, keys: list[dict], y: np.ndarray, noise_rel: float) -> PhaseGP:
-    """The phase's GP with the per-flag terms' prior scale that best explains its residuals (type-II maximum
-    likelihood over FLAG_SCALES): where flags err alike in every layout the probes say so and the terms carry it to
-    untried layouts; where they do not, the terms drop out instead of absorbing a probe's noise (on the search
-    benchmark's layout truth, with a fixed 0.07, the export's regret after 40 noisy probes went 2.9% -> 4.7%)."""
-    if not any(_is_flag_term(knobs) for knobs, _ in levels):
-        return PhaseGP(levels, keys, y, noise_rel)
-    return max((PhaseGP(_with_flag_scale(levels, scale), keys, y, noise_rel) for scale in FLAG_SCALES),
-               key=lambda gp: gp.log_evidence)
-
-
-def _getter(knobs: tuple):
-    """The group key of a candidate's canonical params (which hold every knob) for these knobs."""
-    if not knobs:
-        return lambda params: ()
-    if len(knobs) == 1:
-        get = operator.itemgetter(knobs[0])
-        return lambda params: (get(params),)
-    return operator.itemgetter(*knobs)
 
 
 @dataclass(frozen=True)
@@ -237,7 +117,7 @@ class CorrectedModel:
         """observations: (canonical params, predicted phase_s, measured phase_s, measured other seconds);
         profile: the node profile the study started from (search/node_prior.py), whose per-phase median residual
         is each phase's prior mean, with a whole-phase prior as wide as the node's spread (at least
-        PROFILE_MIN_SCALE) instead of _ALL; noise_rel: a probe's noise in each phase's log time (gp_noise_rel)."""
+        PROFILE_MIN_SCALE) instead of WHOLE_PHASE; noise_rel: a probe's noise in each phase's log time (gp_noise_rel)."""
         self.cfg = cfg
         self.n = len(observations)
         self.gps: dict[str, PhaseGP] = {}
@@ -246,12 +126,12 @@ class CorrectedModel:
             self.prior[phase] = (float(v["log_mean"]), max(float(v["log_sd"]), PROFILE_MIN_SCALE))
         phases = {p for _, pred, meas, _ in observations for p in meas if pred.get(p, 0) > 0}
         for phase in sorted(phases):
-            mean0, scale0 = self.prior.get(phase, (0.0, _ALL))
+            mean0, scale0 = self.prior.get(phase, (0.0, WHOLE_PHASE))
             rows = [(params, math.log(meas[phase] / pred[phase]) - mean0) for params, pred, meas, _ in observations
                     if pred.get(phase, 0) > 0 and meas.get(phase, 0) > 0]
-            levels = PHASE_LEVELS.get(phase, _DEFAULT_LEVELS)
+            levels = PHASE_LEVELS.get(phase, DEFAULT_LEVELS)
             levels = ((levels[0][0], scale0),) + tuple(levels[1:])
-            self.gps[phase] = _best_evidence(levels, [r[0] for r in rows], np.array([r[1] for r in rows]), noise_rel)
+            self.gps[phase] = best_evidence_gp(levels, [r[0] for r in rows], np.array([r[1] for r in rows]), noise_rel)
         others = [o for *_, o in observations if o is not None and o >= 0]
         # what the step spends outside the timed phases: measured by this study's probes, else by the node's
         # profile, else the model's constant
@@ -261,7 +141,7 @@ class CorrectedModel:
 
     def phase_residual(self, phase: str, params: Mapping) -> tuple[float, float]:
         """(mean, variance) of log(measured / predicted) of one phase for this candidate."""
-        mean0, scale0 = self.prior.get(phase, (0.0, _ALL))
+        mean0, scale0 = self.prior.get(phase, (0.0, WHOLE_PHASE))
         gp = self.gps.get(phase)
         if gp is None:
             return mean0, scale0 * scale0

@@ -8,9 +8,8 @@ import pytest
 from autotune.config import SearchOptions
 from autotune.backends.base import get_runner
 from autotune.search.driver import run_study
-from autotune.search.equivalence import canonical_params, config_key
-from autotune.search.learned import (LAYOUT, PHASE_LEVELS, CorrectedModel, PhaseGP, base_prediction,
-                                     expected_improvement)
+from autotune.search.equivalence import LAYOUT, canonical_params, config_key
+from autotune.search.learned import CorrectedModel, base_prediction, expected_improvement
 from autotune.spaces.candidate import Candidate
 from autotune.workload import Workload
 from sim_study import sim_cfg as _cfg
@@ -20,60 +19,6 @@ from sim_study import sim_cfg as _cfg
 
 def _params(**kw) -> dict:
     return canonical_params(Candidate(**kw).as_params(), True)
-
-
-def test_a_probe_corrects_candidates_sharing_its_layout_most():
-    levels = PHASE_LEVELS["update_actor"]
-    seen = _params(actor_engine="megatron", actor_tp=2, ppo_micro_batch_size_per_gpu=4)
-    gp = PhaseGP(levels, [seen], np.array([math.log(1.3)]))
-    same_layout = _params(actor_engine="megatron", actor_tp=2, ppo_micro_batch_size_per_gpu=8)
-    other_layout = _params(actor_engine="megatron", actor_tp=4, ppo_micro_batch_size_per_gpu=8)
-    fsdp = _params(actor_engine="fsdp", ppo_micro_batch_size_per_gpu=8)
-    (m_same, v_same), (m_other, v_other), (m_fsdp, v_fsdp) = (gp.predict(p) for p in (same_layout, other_layout, fsdp))
-    assert math.log(1.3) > m_same > m_other > m_fsdp > 0  # the whole-phase term moves everyone a little
-    assert v_same < v_other < v_fsdp
-    m_seen, v_seen = gp.predict(seen)
-    assert m_seen == pytest.approx(math.log(1.3), abs=0.01) and v_seen < 0.01
-
-
-def test_two_layouts_disagreeing_keep_their_own_factors():
-    levels = PHASE_LEVELS["update_actor"]
-    a = _params(actor_engine="fsdp", ulysses_sp=1)
-    b = _params(actor_engine="fsdp", ulysses_sp=2)
-    gp = PhaseGP(levels, [a, b], np.array([math.log(0.8), math.log(1.25)]))
-    assert gp.predict(a)[0] < math.log(0.85) and gp.predict(b)[0] > math.log(1.2)
-    assert set(LAYOUT) <= set(levels[2][0])
-
-
-def test_a_flag_measured_slow_in_one_layout_is_expected_slow_in_another():
-    """Issue 34's quirk truth (a factor per flag, across layouts): the flag's own term carries what one layout's
-    probes with it on and off taught to a layout never probed. Before, the flag only shared terms with its layout."""
-    levels = PHASE_LEVELS["update_actor"]
-    on = _params(actor_engine="fsdp", ulysses_sp=1, gradient_checkpointing=True)
-    off = _params(actor_engine="fsdp", ulysses_sp=1, gradient_checkpointing=False)
-    gp = PhaseGP(levels, [on, off], np.array([math.log(1.3), 0.0]))
-    other_on = _params(actor_engine="fsdp", ulysses_sp=2, gradient_checkpointing=True)
-    other_off = _params(actor_engine="fsdp", ulysses_sp=2, gradient_checkpointing=False)
-    (m_on, _), (m_off, _) = gp.predict(other_on), gp.predict(other_off)
-    assert m_on - m_off > 0.05  # 0.0 without a term per flag
-
-
-def test_the_flag_terms_scale_is_what_the_probes_residuals_support():
-    """Each phase picks its flag terms' prior scale by marginal likelihood: a flag that erred alike in three layouts
-    keeps a term, residuals that ignore the flag drop it (a fixed term absorbed probe noise on the layout truth)."""
-    from autotune.search.learned import FLAG_SCALES, _best_evidence
-
-    levels = PHASE_LEVELS["update_actor"]
-    keys = [_params(actor_engine="fsdp", ulysses_sp=sp, gradient_checkpointing=on) for sp in (1, 2, 4)
-            for on in (True, False)]
-    flag_effect = np.array([math.log(1.3) if k["gradient_checkpointing"] else 0.0 for k in keys])
-    layout_only = np.array([math.log(1.3) if k["ulysses_sp"] == 2 else 0.0 for k in keys])
-
-    def flag_scale(gp):
-        return max([s for knobs, s in gp.levels if knobs == ("gradient_checkpointing",)], default=0.0)
-
-    assert flag_scale(_best_evidence(levels, keys, flag_effect, 0.05)) == max(FLAG_SCALES)
-    assert flag_scale(_best_evidence(levels, keys, layout_only, 0.05)) == 0.0
 
 
 def test_corrected_model_learns_a_slower_generation_from_its_phase_times(tmp_path):
