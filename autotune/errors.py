@@ -21,6 +21,10 @@ class ConfigError(AutotuneError):
     exit_code = 2
 
 
+class LaunchScriptError(ConfigError):
+    """A launch script or config given to --from cannot be imported at all (one line, naming the file)."""
+
+
 class BackendUnavailable(AutotuneError):
     """The chosen probe backend cannot run here (missing extra, no GPU, not implemented)."""
 

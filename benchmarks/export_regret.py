@@ -7,7 +7,7 @@ where probes are noisy, ties within 1% by headroom) is looked
 up and its TRUE value on the machine divided by the machine's exact optimum (benchmarks/optimum.py). Regret at k is
 1 minus that. Also the export's measured score over its true score at the end (how much the speedup shown to the
 user overstates). Methods: autotune with confirmation (search.confirm 2, the default), autotune without it
-(search.confirm 0), and the baselines (argmax of measured): tpe_rules, random.
+(search.confirm 0), with four (autotune_confirm4), and the baselines (argmax of measured): tpe_rules, random.
 
 Machines: seeds MACHINE_OFFSET.. (default 60-69, the validation split: 0-2 were used in development, 50-59 by the
 issue's independent run; a test split 70-89 is left for one final run per change).
@@ -40,13 +40,14 @@ from autotune.search.learned import NOISY_ATTR, CorrectedModel  # noqa: E402
 from autotune.spaces.candidate import Candidate  # noqa: E402
 from autotune.storage.records import TrialRecord, baseline_record, is_result, pooled, rank  # noqa: E402
 
-METHODS = ("autotune", "autotune_no_confirm", "autotune_measured", "tpe_rules", "random")
+METHODS = ("autotune", "autotune_no_confirm", "autotune_confirm4", "autotune_measured", "tpe_rules", "random")
 CHECK_AT = (15, 40)
 
 
-def autotune_exports(machine: Machine, budget: int, search: SearchOptions) -> tuple[list[float], float, float]:
-    """True/optimum of the export after each launched probe, and measured/true and posterior/true of the final
-    export (the posterior: its throughput under the corrected model, which the export is ranked by)."""
+def autotune_exports(machine: Machine, budget: int, search: SearchOptions) -> tuple[list[float], float, float, float]:
+    """The true value of the export after each launched probe; measured/true and posterior/true of the final export
+    (the posterior: its throughput under the corrected model, which the export is ranked by); and the true value of
+    the best configuration probed (what an export that knew the truth would take: the search's share of the regret)."""
     job = machine.job
     cfg = TuneConfig(model=machine.model, gpu=machine.gpu, gpus_per_node=job.gpus_per_node, nodes=job.nodes,
                      backend="sim", trials=100_000, storage_url="sqlite:///:memory:", study_name="bench",
@@ -74,17 +75,20 @@ def autotune_exports(machine: Machine, budget: int, search: SearchOptions) -> tu
         values.append(machine.truth(Candidate.from_params(last.user_attrs["candidate"]), job.workload) if last else 0.0)
     overstated = last.tokens_per_s_per_gpu / values[-1] if last and values[-1] else float("nan")
     post_over = post[str(last.number)] / values[-1] if post and last and values[-1] else float("nan")
-    return values, overstated, post_over
+    probed = max((machine.truth(Candidate.from_params(r.user_attrs["candidate"]), job.workload)
+                  for t in trials if is_result(t) for r in [TrialRecord.of(t)]), default=0.0)
+    return values, overstated, post_over, probed
 
 
-def argmax_exports(machine: Machine, space, budget: int, method: str, seed: int) -> tuple[list[float], float]:
+def argmax_exports(machine: Machine, space, budget: int, method: str, seed: int) -> tuple[list[float], float, float,
+                                                                                        float]:
     """A baseline's export is its highest measured probe."""
     sampler = (optuna.samplers.RandomSampler(seed=seed) if method == "random" else None)
     if method == "tpe_rules":
         trace = se.run_autotune(machine, budget, se.SEARCH["tpe_rules"])
     else:
         trace = se.run_optuna_plain(machine, space, budget, sampler)
-    return trace.best_true, float("nan"), float("nan")
+    return trace.best_true, float("nan"), float("nan"), float("nan")
 
 
 def run_unit(unit: tuple) -> list[dict]:
@@ -105,14 +109,15 @@ def run_unit(unit: tuple) -> list[dict]:
             if method == "autotune_measured":  # the search before issue 34: probes taken as exact, no confirmation
                 machine.runner.deterministic = True
             if method.startswith("autotune"):
-                search = SearchOptions(confirm=0) if method != "autotune" else SearchOptions()
-                values, overstated, post_over = autotune_exports(machine, budget, search)
+                search = {"autotune": SearchOptions(), "autotune_confirm4": SearchOptions(confirm=4)}.get(
+                    method, SearchOptions(confirm=0))
+                values, overstated, post_over, probed = autotune_exports(machine, budget, search)
             else:
-                values, overstated, post_over = argmax_exports(machine, space, budget, method, seed)
+                values, overstated, post_over, probed = argmax_exports(machine, space, budget, method, seed)
             rows.append(dict(job=job_name, truth=truth_name, machine=machine_seed, seed=seed, method=method,
                              sigma=sigma, optimum=opt.tokens_per_s_per_gpu,
                              share=[v / opt.tokens_per_s_per_gpu for v in values], overstated=overstated,
-                             posterior_over=post_over,
+                             posterior_over=post_over, probed_best=probed / opt.tokens_per_s_per_gpu,
                              seconds=round(time.time() - started, 1)))
     print(f"  {job_name} {truth_name} machine {machine_seed} sigma {sigma} done", file=sys.stderr, flush=True)
     return rows
@@ -150,8 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{args.job}, truth {args.truth}, machines {args.machine_offset}-{args.machine_offset + args.machines - 1} "
           f"(one search each), budget {args.budget} launched probes\n")
     print("| noise sigma | method | mean regret @15 | mean regret @40 | export measured/true (median) "
-          "| measured/true (geometric mean) | posterior/true (median, geometric mean) | searches |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| measured/true (geometric mean) | posterior/true (median, geometric mean) | best probed: regret at the end "
+          "| searches |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for sigma in args.sigma:
         for method in args.methods:
             runs = [r for r in rows if r["sigma"] == sigma and r["method"] == method]
@@ -162,9 +168,11 @@ def main(argv: list[str] | None = None) -> int:
             over = [r["overstated"] for r in runs if r["overstated"] == r["overstated"]]
             post = [r["posterior_over"] for r in runs if r.get("posterior_over", math.nan) == r.get("posterior_over")]
             post_cell = (f"{statistics.median(post):.3f}, {statistics.geometric_mean(post):.3f}" if post else "-")
-            print(f"| {sigma} | {method} | {' | '.join(cells)} | {statistics.median(over):.3f} | "
-                  f"{statistics.geometric_mean(over):.3f} | {post_cell} | {len(runs)} |" if over else
-                  f"| {sigma} | {method} | {' | '.join(cells)} | - | - | {post_cell} | {len(runs)} |")
+            probed = [r["probed_best"] for r in runs if r.get("probed_best", math.nan) == r.get("probed_best")]
+            probed_cell = f"{100 * statistics.fmean(1 - v for v in probed):.1f}%" if probed else "-"
+            over_cells = (f"{statistics.median(over):.3f} | {statistics.geometric_mean(over):.3f}" if over else "- | -")
+            print(f"| {sigma} | {method} | {' | '.join(cells)} | {over_cells} | {post_cell} | {probed_cell} "
+                  f"| {len(runs)} |")
     return 0
 
 

@@ -1,13 +1,10 @@
 """Read an existing verl launch script or YAML config statically: nothing is executed.
 
 A launch script is bash calling `python3 -m verl.trainer.main_ppo key=value ...`. This module lexes the
-bash (quotes, line continuations, comments, here-documents, arrays), expands variables the way bash
-would, and returns the Hydra overrides as verl receives them. Whatever it cannot know without running
+bash (quotes, line continuations, comments, here-documents, arrays: verl/bash_lexer.py), expands variables the way
+bash would, and returns the Hydra overrides as verl receives them. Whatever it cannot know without running
 the script (a `$(...)`, an unset variable, `"$@"`, a value set inside an `if`) is not guessed: the value
 keeps its source text and the name lands in `ImportedJob.unresolved`.
-
-Why not `shlex`: it drops the quote context that expansion needs (`'$HOME'` is literal, `"$HOME"` is
-not), splits `$(date +%Y)` into two words, and treats a `#` inside a word as a comment.
 """
 
 from __future__ import annotations
@@ -26,14 +23,11 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from autotune.errors import ConfigError
+from autotune.errors import LaunchScriptError
+from autotune.verl.bash_lexer import ASSIGNMENT, NAME, REDIRECTIONS, Command, Lexer, Op, Word, commands, line_of
 from autotune.verl.hydra_syntax import hydra_value
 
 __all__ = ["ImportedJob", "LaunchScriptError", "import_config_yaml", "import_launch_script", "import_launch_text"]
-
-
-class LaunchScriptError(ConfigError):
-    """The script or config cannot be imported at all (one line, naming the file)."""
 
 
 # Bounds on what `--from` reads (issue 33): verl's largest example script is 12 KiB with 140-character lines, so
@@ -81,265 +75,6 @@ class ImportedJob:
         unresolved = tuple(u for u in self.unresolved if not (given and u in ("$@", "$*")))
         return replace(self, overrides=overrides, unresolved=unresolved,
                        unresolved_keys=tuple(k for k in self.unresolved_keys if k not in given))
-
-
-# ---------------------------------------------------------------------------------------------------
-# Lexer: text -> words (made of parts) and operators
-
-class _Word(NamedTuple):
-    # parts: ("lit", text, quoted) | ("param", inner, quoted, source) | ("cmd", source, quoted)
-    #        | ("arith", expr, quoted, source) | ("array", words)
-    parts: tuple
-    offset: int
-
-
-class _Op(NamedTuple):
-    text: str
-    offset: int
-
-
-_OPERATORS = ("<<<", "&&", "||", ";;", ">>", ">&", "<&", "&>", "<<", "|", "&", ";", "<", ">", "(", ")", "\n")
-_OPERATOR_STARTS = frozenset(op[0] for op in _OPERATORS)  # most characters start none: skip the search
-_SEPARATORS = {"\n", ";", ";;", "&&", "||", "&"}
-_REDIRECTIONS = {"<<<", ">>", ">&", "<&", "&>", "<<", "<", ">"}
-_NAME = re.compile(r"[A-Za-z_]\w*")
-_ASSIGNMENT = re.compile(r"([A-Za-z_]\w*)(\+?)=")
-_HEREDOC_DELIMITER = re.compile(r"-?[ \t]*(['\"]?)([^\s'\";|&<>()]+)\1")
-
-
-def _line(text: str, offset: int) -> int:
-    return text.count("\n", 0, offset) + 1
-
-
-class _WordBuilder:
-    def __init__(self) -> None:
-        self.parts: list = []
-        self.offset = -1
-
-    @property
-    def empty(self) -> bool:
-        return not self.parts
-
-    def add(self, part: tuple, offset: int) -> None:
-        if self.offset < 0:
-            self.offset = offset
-        last = self.parts[-1] if self.parts else None
-        if part[0] == "lit" and last and last[0] == "lit" and last[2] == part[2]:
-            # characters are gathered in a list and joined once: `last + char` per character is quadratic
-            chunks = last[1] if isinstance(last[1], list) else [last[1]]
-            chunks.append(part[1])
-            self.parts[-1] = ("lit", chunks, part[2])
-        else:
-            self._join_last()
-            self.parts.append(part)
-
-    def _join_last(self) -> None:
-        if self.parts and self.parts[-1][0] == "lit" and isinstance(self.parts[-1][1], list):
-            self.parts[-1] = ("lit", "".join(self.parts[-1][1]), self.parts[-1][2])
-
-    def assignment_prefix(self) -> bool:
-        """`NAME=` or `NAME+=` so far: a following `(` opens an array literal."""
-        self._join_last()
-        return (len(self.parts) == 1 and self.parts[0][0] == "lit" and not self.parts[0][2]
-                and _ASSIGNMENT.fullmatch(self.parts[0][1]) is not None)
-
-    def fd_number(self) -> bool:
-        """Just digits so far: the file descriptor of a redirection like `2>&1`."""
-        self._join_last()
-        return len(self.parts) == 1 and self.parts[0][0] == "lit" and self.parts[0][1].isdigit()
-
-    def flush(self, out: list) -> None:
-        self._join_last()
-        if self.parts:
-            out.append(_Word(tuple(self.parts), self.offset))
-        self.parts, self.offset = [], -1
-
-
-class _Lexer:
-    def __init__(self, text: str, source: str) -> None:
-        self.text, self.source, self.i = text, source, 0
-        self.heredocs: list[tuple[str, int]] = []  # (delimiter, offset) of bodies that start after this line
-
-    def error(self, what: str, offset: int) -> LaunchScriptError:
-        return LaunchScriptError(f"{self.source}: line {_line(self.text, offset)}: {what}")
-
-    def tokens(self, closing: str | None = None, single_word: bool = False) -> list:
-        """Words and operators to the end of the text, or to `closing` (the `)` of an array literal).
-
-        `single_word` lexes the word of `${X:-word}`: blanks and operators are plain characters there.
-        """
-        text, out, word = self.text, [], _WordBuilder()
-        while self.i < len(text):
-            c, start = text[self.i], self.i
-            if c == "\\":
-                escaped = text[self.i + 1:self.i + 2]
-                if escaped != "\n":  # backslash-newline is a line continuation
-                    word.add(("lit", escaped or "\\", True), start)
-                self.i += 2
-            elif c == "'":
-                end = text.find("'", self.i + 1)
-                if end < 0:
-                    raise self.error("unterminated single quote", start)
-                word.add(("lit", text[self.i + 1:end], True), start)
-                self.i = end + 1
-            elif c == '"':
-                self._double_quoted(word)
-            elif c in "$`":
-                word.add(self._substitution(quoted=False), start)
-            elif single_word:
-                word.add(("lit", c, False), start)
-                self.i += 1
-            elif c in " \t":
-                word.flush(out)
-                self.i += 1
-            elif c == "#" and word.empty:
-                newline = text.find("\n", self.i)
-                self.i = len(text) if newline < 0 else newline
-            elif closing and c == closing:
-                word.flush(out)
-                self.i += 1
-                return out
-            elif (c == "~" and (word.empty or word.assignment_prefix())  # bash expands ~ in `X=~/a`, not in `a.b=~/a`
-                  and text[self.i + 1:self.i + 2] in ("/", "", " ", "\t", "\n")):
-                word.add(("param", "HOME", False, "~"), start)
-                self.i += 1
-            elif c == "(" and word.assignment_prefix():
-                self.i += 1
-                elements = tuple(t for t in self.tokens(closing=")") if isinstance(t, _Word))
-                word.add(("array", elements), start)
-            elif c in _OPERATOR_STARTS and (op := next(op for op in _OPERATORS if text.startswith(op, self.i))):
-                if op in _REDIRECTIONS and word.fd_number():
-                    word = _WordBuilder()
-                word.flush(out)
-                out.append(_Op(op, start))
-                self.i += len(op)
-                if op == "<<":
-                    out.append(self._heredoc_delimiter())
-                elif op == "\n":
-                    self._skip_heredoc_bodies()
-            else:
-                word.add(("lit", c, False), start)
-                self.i += 1
-        if closing:
-            raise self.error(f"unterminated array: no closing `{closing}`", len(text))
-        word.flush(out)
-        return out
-
-    def _double_quoted(self, word: _WordBuilder) -> None:
-        text, start, empty = self.text, self.i, True
-        self.i += 1
-        while self.i < len(text):
-            c = text[self.i]
-            empty = empty and c == '"'
-            if c == '"':
-                self.i += 1
-                if empty:  # "" is still a word, while "${EMPTY[@]}" is none
-                    word.add(("lit", "", True), start)
-                return
-            if c == "\\" and text[self.i + 1:self.i + 2] in ('"', "\\", "$", "`", "\n"):
-                if text[self.i + 1] != "\n":
-                    word.add(("lit", text[self.i + 1], True), self.i)
-                self.i += 2
-            elif c in "$`":
-                word.add(self._substitution(quoted=True), self.i)
-            else:
-                word.add(("lit", c, True), self.i)
-                self.i += 1
-        raise self.error("unterminated double quote", start)
-
-    def _substitution(self, *, quoted: bool) -> tuple:
-        text, i = self.text, self.i
-        if text[i] == "`":
-            end = i + 1
-            while end < len(text) and text[end] != "`":
-                end += 2 if text[end] == "\\" else 1
-            if end >= len(text):
-                raise self.error("unterminated backquote", i)
-            self.i = end + 1
-            return ("cmd", text[i:end + 1], quoted)
-        follower = text[i + 1:i + 2]
-        if follower == "(":
-            end = self._matching(i + 1, "(", ")")
-            self.i = end + 1
-            if text.startswith("((", i + 1) and self._matching(i + 2, "(", ")") == end - 1:
-                return ("arith", text[i + 3:end - 1], quoted, text[i:end + 1])
-            return ("cmd", text[i:end + 1], quoted)
-        if follower == "{":
-            end = self._matching(i + 1, "{", "}")
-            self.i = end + 1
-            return ("param", text[i + 2:end], quoted, text[i:end + 1])
-        if name := _NAME.match(text, i + 1):
-            self.i = name.end()
-            return ("param", name.group(), quoted, text[i:self.i])
-        if follower and follower in "@*#?$!-0123456789":
-            self.i = i + 2
-            return ("param", follower, quoted, text[i:self.i])
-        self.i = i + 1
-        return ("lit", "$", quoted)
-
-    def _matching(self, i: int, opening: str, closing: str) -> int:
-        """Offset of the bracket closing the one at `i`, skipping quoted text."""
-        text, depth, j = self.text, 0, i
-        while j < len(text):
-            c = text[j]
-            if c == "\\":
-                j += 2
-                continue
-            if c in "'\"":
-                end = text.find(c, j + 1)
-                while c == '"' and end > 0 and text[end - 1] == "\\":
-                    end = text.find(c, end + 1)
-                if end < 0:
-                    raise self.error("unterminated " + ("single" if c == "'" else "double") + " quote", j)
-                j = end + 1
-                continue
-            depth += (c == opening) - (c == closing)
-            if depth == 0:
-                return j
-            j += 1
-        raise self.error(f"unterminated `{text[i - 1:i + 1]}`", i - 1)
-
-    def _heredoc_delimiter(self) -> _Word:
-        match = _HEREDOC_DELIMITER.match(self.text, self.i)
-        if not match:
-            raise self.error("here-document without a delimiter", self.i)
-        self.heredocs.append((match.group(2), match.start()))
-        self.i = match.end()
-        return _Word((("lit", match.group(2), True),), match.start())
-
-    def _skip_heredoc_bodies(self) -> None:
-        for delimiter, start in self.heredocs:
-            while self.i < len(self.text):
-                newline = self.text.find("\n", self.i)
-                end = len(self.text) if newline < 0 else newline
-                line, self.i = self.text[self.i:end], end + 1
-                if line.strip() == delimiter:
-                    break
-            else:
-                raise self.error(f"here-document not terminated by {delimiter}", start)
-        self.heredocs = []
-
-
-class _Command(NamedTuple):
-    tokens: tuple      # words and operators other than separators
-    offset: int
-    chained: bool      # after && or ||: it may or may not run
-
-
-def _commands(tokens: list) -> list[_Command]:
-    out, current, chained = [], [], False
-    for token in tokens:
-        if isinstance(token, _Op) and token.text in _SEPARATORS:
-            if current:
-                out.append(_Command(tuple(current), current[0].offset, chained))
-            if current or token.text != "\n":
-                chained = token.text in ("&&", "||")
-            current = []
-        else:
-            current.append(token)
-    if current:
-        out.append(_Command(tuple(current), current[0].offset, chained))
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -401,15 +136,15 @@ _DECLARE = {"export", "declare", "typeset", "local", "readonly"}
 
 def _literal(token) -> str | None:
     """The text of an unquoted plain word (a keyword candidate), else None."""
-    if isinstance(token, _Word) and len(token.parts) == 1 and token.parts[0][0] == "lit" and not token.parts[0][2]:
+    if isinstance(token, Word) and len(token.parts) == 1 and token.parts[0][0] == "lit" and not token.parts[0][2]:
         return token.parts[0][1]
     return None
 
 
-def _split_assignment(word: _Word):
+def _split_assignment(word: Word):
     """(name, append, value parts) for `NAME=value` / `NAME+=value`, else None."""
     first = word.parts[0]
-    if first[0] != "lit" or first[2] or not (match := _ASSIGNMENT.match(first[1])):
+    if first[0] != "lit" or first[2] or not (match := ASSIGNMENT.match(first[1])):
         return None
     rest = first[1][match.end():]
     parts = ((("lit", rest, False),) if rest else ()) + word.parts[1:]
@@ -474,7 +209,7 @@ class _Shell:
         self.vars[name] = value
 
     # ---- expansion
-    def expand(self, word: _Word, *, split: bool = True) -> list[_Text]:
+    def expand(self, word: Word, *, split: bool = True) -> list[_Text]:
         """The fields a word expands to: unquoted expansions are split on blanks, "${A[@]}" gives one per element."""
         fields: list[_Text] = []
         current: list[_Piece] | None = None
@@ -523,7 +258,7 @@ class _Shell:
         return fields
 
     def expand_one(self, parts: tuple) -> _Text:
-        fields = self.expand(_Word(parts, 0), split=False)
+        fields = self.expand(Word(parts, 0), split=False)
         return fields[0] if fields else ()
 
     def part_value(self, part: tuple) -> _Value:
@@ -577,7 +312,7 @@ class _Shell:
 
     def nested_word(self, word: str) -> _Text:
         with self.deeper():
-            lexer = _Lexer(word, self.source)
+            lexer = Lexer(word, self.source)
             tokens = lexer.tokens(single_word=True)
             return self.expand_one(tokens[0].parts) if tokens else ()
 
@@ -626,7 +361,7 @@ class _Shell:
         return _unknown(source, *missing) if missing else ((text, ()),)
 
     # ---- commands
-    def run(self, command: _Command) -> None:
+    def run(self, command: Command) -> None:
         tokens = list(command.tokens)
         keyword = _literal(tokens[0])
         if keyword in ("fi", "done", "esac", "}"):
@@ -645,7 +380,7 @@ class _Shell:
             return
         if keyword == "for":
             self.blocks.append(_BLOCK_NAMES["for"])
-            if len(tokens) > 1 and (name := _literal(tokens[1])) and _NAME.fullmatch(name):
+            if len(tokens) > 1 and (name := _literal(tokens[1])) and NAME.fullmatch(name):
                 self.vars[name] = _unknown(f"${{{name}}}", name)
             return
         if keyword in ("then", "do", "else", "{"):
@@ -658,11 +393,11 @@ class _Shell:
                 self.run(command._replace(tokens=tuple(tokens[1:])))
             return
         if self.blocks and (isinstance(self.blocks[-1], _Case) or str(self.blocks[-1]).startswith("case ")):
-            closing = next((k for k, t in enumerate(tokens) if isinstance(t, _Op) and t.text == ")"), None)
+            closing = next((k for k, t in enumerate(tokens) if isinstance(t, Op) and t.text == ")"), None)
             if closing is not None:  # a `pattern)` line
                 if isinstance(self.blocks[-1], _Case):
                     self.blocks[-1].enter_branch([_text(self.expand_one(t.parts)) for t in tokens[:closing]
-                                                  if isinstance(t, _Word)])
+                                                  if isinstance(t, Word)])
                 tokens = tokens[closing + 1:]
                 if tokens:
                     self.run(command._replace(tokens=tuple(tokens)))
@@ -672,8 +407,8 @@ class _Shell:
         if self.function_definition(tokens):
             return
         segment: list = []
-        for token in tokens + [_Op("|", -1)]:
-            if isinstance(token, _Op) and token.text == "|":
+        for token in tokens + [Op("|", -1)]:
+            if isinstance(token, Op) and token.text == "|":
                 self.simple_command(segment, command)
                 segment = []
             else:
@@ -681,11 +416,11 @@ class _Shell:
 
     def case_block(self, subject) -> "_Case | str":
         """A known subject selects its branch; an unknown one makes every branch uncertain, and names what to set."""
-        value = self.expand_one(subject.parts) if isinstance(subject, _Word) else _unknown("?", "?")
+        value = self.expand_one(subject.parts) if isinstance(subject, Word) else _unknown("?", "?")
         if not _names(value):
             return _Case(_text(value))
-        names = [n for n in _names(value) if _NAME.fullmatch(n)] or [
-            part[1] for part in (subject.parts if isinstance(subject, _Word) else ()) if part[0] == "param"]
+        names = [n for n in _names(value) if NAME.fullmatch(n)] or [
+            part[1] for part in (subject.parts if isinstance(subject, Word) else ()) if part[0] == "param"]
         hint = f"; set {' or '.join(names)} in the environment to read it" if names else ""
         return f"case block on {_text(value)} (its subject is not known statically{hint})"
 
@@ -693,7 +428,7 @@ class _Shell:
         return [b for b in self.blocks if b != "{" and not isinstance(b, _Case)]
 
     def function_definition(self, tokens: list) -> bool:
-        texts = [t.text if isinstance(t, _Op) else _literal(t) for t in tokens[:4]]
+        texts = [t.text if isinstance(t, Op) else _literal(t) for t in tokens[:4]]
         if texts[:1] == ["function"] and len(texts) > 1:
             name, rest = texts[1], texts[2:]
         elif texts[1:3] == ["(", ")"]:
@@ -704,14 +439,14 @@ class _Shell:
         self.function_brace_pending = "{" not in rest
         return True
 
-    def simple_command(self, tokens: list, command: _Command) -> None:
+    def simple_command(self, tokens: list, command: Command) -> None:
         words = []
         skip_next = False
         for token in tokens:  # drop redirections and their targets, and stray parentheses
             if skip_next:
                 skip_next = False
-            elif isinstance(token, _Op):
-                skip_next = token.text in _REDIRECTIONS
+            elif isinstance(token, Op):
+                skip_next = token.text in REDIRECTIONS
             else:
                 words.append(token)
         certain = not self.uncertain_blocks() and not command.chained
@@ -729,12 +464,12 @@ class _Shell:
             return
         if first == "unset":
             for word in words[1:]:
-                if (name := _literal(word)) and _NAME.fullmatch(name):
+                if (name := _literal(word)) and NAME.fullmatch(name):
                     self.vars[name] = None if certain else _unknown(f"${{{name}}}", name)
             return
         if first == "read":
             for word in words[1:]:
-                if (name := _literal(word)) and _NAME.fullmatch(name):
+                if (name := _literal(word)) and NAME.fullmatch(name):
                     self.vars[name] = _unknown(f"${{{name}}}", name)
             return
         fields = [field for word in words for field in self.expand(word)]
@@ -759,10 +494,10 @@ class _Shell:
                 self.assign(name, append, self.assignment_value(parts), certain=certain)
                 if exporting:
                     self.exported.add(name)
-            elif flag and _NAME.fullmatch(flag) and exporting:
+            elif flag and NAME.fullmatch(flag) and exporting:
                 self.exported.add(flag)
 
-    def maybe_invocation(self, fields: list[_Text], prefix: list, command: _Command) -> None:
+    def maybe_invocation(self, fields: list[_Text], prefix: list, command: Command) -> None:
         texts = [_text(field) for field in fields]
         for k in range(1, len(fields) - 1):
             if texts[k] != "-m":
@@ -778,7 +513,7 @@ class _Shell:
         if len(fields) > 1 and _is_python(fields[0]) and texts[1].endswith(".py"):
             self.entry_points_seen.append(f"{texts[0]} {texts[1]}")
 
-    def record(self, module: str, args: list[_Text], prefix: list, command: _Command) -> None:
+    def record(self, module: str, args: list[_Text], prefix: list, command: Command) -> None:
         hydra = _hydra_arguments(args)
         unresolved = dict.fromkeys(hydra.unresolved)
         unresolved.update(dict.fromkeys(self.uncertain_blocks()))
@@ -858,14 +593,14 @@ def import_launch_text(text: str, *, source: str = "<text>", environ: Mapping[st
     reported in `unresolved`.
     """
     shell = _Shell(source, environ)
-    for command in _commands(_Lexer(text, source).tokens()):
+    for command in commands(Lexer(text, source).tokens()):
         shell.run(command)
     if not shell.invocations:
         seen = ", ".join(dict.fromkeys(shell.entry_points_seen)) or "none"
         raise LaunchScriptError(f"{source}: no `python -m verl.trainer.main_ppo` invocation found "
                                 f"(entry points seen: {seen})")
     if len(shell.invocations) > 1:
-        lines = ", ".join(str(_line(text, inv.offset)) for inv in shell.invocations)
+        lines = ", ".join(str(line_of(text, inv.offset)) for inv in shell.invocations)
         raise LaunchScriptError(f"{source}: more than one verl.trainer.main_ppo invocation (lines {lines}); "
                                 "keep one per file")
     return shell.invocations[0].job
