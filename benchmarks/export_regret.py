@@ -75,8 +75,8 @@ def autotune_exports(machine: Machine, budget: int, search: SearchOptions) -> tu
         values.append(machine.truth(Candidate.from_params(last.user_attrs["candidate"]), job.workload) if last else 0.0)
     overstated = last.tokens_per_s_per_gpu / values[-1] if last and values[-1] else float("nan")
     post_over = post[str(last.number)] / values[-1] if post and last and values[-1] else float("nan")
-    probed = max((machine.truth(Candidate.from_params(r.user_attrs["candidate"]), job.workload)
-                  for t in trials if is_result(t) for r in [TrialRecord.of(t)]), default=0.0)
+    probed = max((machine.truth(Candidate.from_params(t.user_attrs["candidate"]), job.workload)
+                  for t in trials if is_result(t)), default=0.0)
     return values, overstated, post_over, probed
 
 
@@ -128,6 +128,11 @@ def regret_at(row: dict, k: int) -> float:
     return 1.0 - (share[min(k, len(share)) - 1] if share else 0.0)
 
 
+def _known(runs: list[dict], key: str) -> list[float]:
+    """The runs' values of `key`, less those a method does not have (NaN: a baseline has no posterior)."""
+    return [r[key] for r in runs if not math.isnan(r.get(key, math.nan))]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--job", default="qwen2.5-7b-x8", choices=list(se.JOB_BY_NAME))
@@ -165,10 +170,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             cells = [f"{100 * statistics.fmean(regret_at(r, k) for r in runs):.1f}%" if k <= args.budget else "-"
                      for k in CHECK_AT]
-            over = [r["overstated"] for r in runs if r["overstated"] == r["overstated"]]
-            post = [r["posterior_over"] for r in runs if r.get("posterior_over", math.nan) == r.get("posterior_over")]
+            over, post, probed = (_known(runs, key) for key in ("overstated", "posterior_over", "probed_best"))
             post_cell = (f"{statistics.median(post):.3f}, {statistics.geometric_mean(post):.3f}" if post else "-")
-            probed = [r["probed_best"] for r in runs if r.get("probed_best", math.nan) == r.get("probed_best")]
             probed_cell = f"{100 * statistics.fmean(1 - v for v in probed):.1f}%" if probed else "-"
             over_cells = (f"{statistics.median(over):.3f} | {statistics.geometric_mean(over):.3f}" if over else "- | -")
             print(f"| {sigma} | {method} | {' | '.join(cells)} | {over_cells} | {post_cell} | {probed_cell} "

@@ -40,8 +40,7 @@ from autotune.model.calibration import DEFAULT_CONSTANTS
 from autotune.model.cost import estimate_step_time
 from autotune.model.host_memory import estimate_host_memory
 from autotune.model.memory import estimate_memory
-from autotune.search.equivalence import (LAYOUT, canonical_params, config_key, layout_key,
-                                         rollout_key, tried_keys)
+from autotune.search.equivalence import LAYOUT, canonical_params, config_key, layout_key, rollout_key, tried_keys
 from autotune.search.phase_gp import (WHOLE_PHASE, DEFAULT_LEVELS, NOISE_REL, PHASE_LEVELS, ROLLOUT, PhaseGP,
                                       best_evidence_gp)
 from autotune.search.prescreen import MemoryGate, dominates_oom, measured_outcomes, memory_ratio
@@ -66,7 +65,6 @@ CYCLE = ("improve", "improve", "exploit", "improve", "improve", "refine", "impro
          "improve", "improve", "sampler")
 REFINE_MIN_GAIN = 0.005  # a refine pick's expected improvement, as a share of the incumbent; else it exploits
 CYCLE_ATTR = "learned_cycle"
-
 
 
 @dataclass(frozen=True)

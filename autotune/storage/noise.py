@@ -40,8 +40,8 @@ def t95(dof: int) -> float:
 
 
 def probes_of(rec: TrialRecord) -> int:
-    """The probes behind a score: more than one for a configuration probed again more than once
-    (storage/records.pooled scores a confirmed configuration by its confirmations alone)."""
+    """The probes behind a score: every probe of its configuration, or where it was confirmed its confirmations
+    alone (storage/records.pooled)."""
     return sum(1 for p in rec.user_attrs.get("repeats") or () if p.get("scored", True)) or 1
 
 

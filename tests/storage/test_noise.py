@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -98,9 +97,9 @@ def test_a_confirmed_score_leaves_out_the_probe_that_chose_it():
     assert rec.number == 1 and rec.tokens_per_s_per_gpu == pytest.approx(110.0)
     assert [(p["trial"], p["scored"]) for p in rec.user_attrs["repeats"]] == [(1, False), (2, True)]
     assert probes_of(rec) == 1
-    third = _rec(3, [100.0, 120.0], config="a", confirms=1)  # two timed steps weigh twice
+    third = _rec(3, [100.0, 120.0], config="a", confirms=1, tps=121.0)  # two timed steps weigh twice
     (rec,) = pooled([first, again, third])
-    assert rec.tokens_per_s_per_gpu == pytest.approx((110.0 * 110.0 ** 2) ** (1 / 3))
+    assert rec.tokens_per_s_per_gpu == pytest.approx((110.0 * 121.0 ** 2) ** (1 / 3))
     assert probes_of(rec) == 2
     # the noise between probes still counts every probe, the chosen one too
     assert measured_noise([first, again])["sigma_rel"] == pytest.approx(abs(math.log(130 / 110)) / math.sqrt(2))
