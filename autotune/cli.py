@@ -485,9 +485,12 @@ def status_line(doc: dict, target: int, done: int) -> str:
         text = "best none"
     else:
         text = f"best {best['tokens_per_s_per_gpu']:.0f} tok/s/GPU (trial {best['trial']}, exported)"
-        after = [p["trial"] for p in best.get("probes") or () if p.get("scored") and p["trial"] != best["trial"]]
-        if after:  # storage/records.pooled: the probe that chose it for confirmation is left out of its score
-            text += f", scored by its confirmation probe(s) {', '.join(map(str, after))}"
+        after = [p for p in best.get("probes") or () if p.get("scored") and p["trial"] != best["trial"]]
+        verifying = [p["trial"] for p in after if p.get("role") == "verify"]
+        if verifying:  # search/confirm.verify: a probe taken after the export was chosen, and not used to choose it
+            text += f", scored by its verifying probe {verifying[0]} (taken after it was chosen)"
+        elif after:  # storage/records.pooled: the probe that chose it for confirmation is left out of its score
+            text += f", scored by its confirmation probe(s) {', '.join(str(p['trial']) for p in after)}"
         if best.get("posterior_tokens_per_s_per_gpu"):  # what the export ranked by where probes are noisy
             text += f", {best['posterior_tokens_per_s_per_gpu']:.0f} under the corrected model"
         if doc.get("speedup_vs_baseline"):

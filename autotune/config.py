@@ -72,6 +72,7 @@ class SearchOptions:
     boundaries: bool = True  # infer OOMs from measured ones (monotone memory)
     learn: bool = True  # propose from the model corrected by every probe's phases (search/learned.py)
     confirm: int = 2  # leaders within noise probed again before export (search/confirm.py; 0: none)
+    verify: bool = True  # after confirming, the export probed once more for the score shown (search/confirm.py)
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -83,7 +84,7 @@ class SearchOptions:
             raise ConfigError(f"search.warm_start must be an integer in 0..20, but got {self.warm_start!r}")
         if not isinstance(self.confirm, int) or isinstance(self.confirm, bool) or not 0 <= self.confirm <= 10:
             raise ConfigError(f"search.confirm must be an integer in 0..10, but got {self.confirm!r}")
-        for name in ("prescreen", "boundaries", "learn"):
+        for name in ("prescreen", "boundaries", "learn", "verify"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"search.{name} must be true or false, but got {getattr(self, name)!r}")
 

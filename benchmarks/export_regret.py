@@ -6,7 +6,8 @@ export (storage/records.best_records' rule: pooled probes of a configuration, ra
 where probes are noisy, ties within 1% by headroom) is looked
 up and its TRUE value on the machine divided by the machine's exact optimum (benchmarks/optimum.py). Regret at k is
 1 minus that. Also the export's measured score over its true score at the end (how much the speedup shown to the
-user overstates). Methods: autotune with confirmation (search.confirm 2, the default), autotune without it
+user overstates). Methods: autotune with confirmation (search.confirm 2, the default) and the export's verifying
+probe (search.verify), autotune without the verifying probe (autotune_no_verify), without confirmation
 (search.confirm 0), with four (autotune_confirm4), and the baselines (argmax of measured): tpe_rules, random.
 
 Machines: seeds MACHINE_OFFSET.. (default 60-69, the validation split: 0-2 were used in development, 50-59 by the
@@ -38,9 +39,11 @@ from autotune.search import posterior  # noqa: E402
 from autotune.search.driver import run_study  # noqa: E402
 from autotune.search.learned import NOISY_ATTR, CorrectedModel  # noqa: E402
 from autotune.spaces.candidate import Candidate  # noqa: E402
-from autotune.storage.records import TrialRecord, baseline_record, is_result, pooled, rank  # noqa: E402
+from autotune.storage.records import (EXPORT_CHOSEN_ATTR, TrialRecord, baseline_record, is_result,  # noqa: E402
+                                      pooled, rank)
 
-METHODS = ("autotune", "autotune_no_confirm", "autotune_confirm4", "autotune_measured", "tpe_rules", "random")
+METHODS = ("autotune", "autotune_no_verify", "autotune_no_confirm", "autotune_confirm4", "autotune_measured",
+           "tpe_rules", "random")
 CHECK_AT = (15, 40)
 
 
@@ -70,7 +73,10 @@ def autotune_exports(machine: Machine, budget: int, search: SearchOptions) -> tu
         results = [TrialRecord.of(t) for t in prefix if is_result(t)]
         # what the study would export had it stopped here: its posterior ranking from these probes alone
         post = posterior.scores(prefix, cfg, CorrectedModel.from_trials(prefix, cfg, study)) if noisy else None
-        ranked = rank(pooled(results), base_params, post)
+        # the export fixed before its verifying probe (search/confirm.verify) stays the export once that probe is in
+        chosen = (study.user_attrs.get(EXPORT_CHOSEN_ATTR) if any("verifies" in t.user_attrs for t in prefix)
+                  else None)
+        ranked = rank(pooled(results), base_params, post, chosen)
         last = ranked[0] if ranked else None
         values.append(machine.truth(Candidate.from_params(last.user_attrs["candidate"]), job.workload) if last else 0.0)
     overstated = last.tokens_per_s_per_gpu / values[-1] if last and values[-1] else float("nan")
@@ -109,8 +115,8 @@ def run_unit(unit: tuple) -> list[dict]:
             if method == "autotune_measured":  # the search before issue 34: probes taken as exact, no confirmation
                 machine.runner.deterministic = True
             if method.startswith("autotune"):
-                search = {"autotune": SearchOptions(), "autotune_confirm4": SearchOptions(confirm=4)}.get(
-                    method, SearchOptions(confirm=0))
+                search = {"autotune": SearchOptions(), "autotune_confirm4": SearchOptions(confirm=4),
+                          "autotune_no_verify": SearchOptions(verify=False)}.get(method, SearchOptions(confirm=0))
                 values, overstated, post_over, probed = autotune_exports(machine, budget, search)
             else:
                 values, overstated, post_over, probed = argmax_exports(machine, space, budget, method, seed)

@@ -57,3 +57,9 @@ def confirm_held(cfg: TuneConfig, runner: ProbeRunner) -> int:
     if cfg.trials < 5 * held or (cfg.budget.probes is not None and cfg.budget.probes < 5 * held):
         return 0
     return held
+
+
+def verify_held(cfg: TuneConfig, runner: ProbeRunner) -> int:
+    """The trial and probe kept back, after the confirmations, to measure the chosen export once more
+    (search/confirm.verify): one where search.verify is on and there is a confirmation."""
+    return int(cfg.search.verify and confirm_held(cfg, runner) > 0)

@@ -27,7 +27,7 @@ from autotune.model.memory import estimate_memory
 from autotune.search.prescreen import MemoryGate, inferred_oom, known_fit, memory_ratio
 from autotune.search.sampler import make_pruner, make_sampler
 from autotune.search import confirm, groups, learned, posterior
-from autotune.search.budget import budget_left, confirm_held, finished_count, spent
+from autotune.search.budget import budget_left, confirm_held, finished_count, spent, verify_held
 from autotune.search.equivalence import config_key
 from autotune.search.executor import Executor, Finished, InProcess, Launch, Report
 from autotune.search.outcomes import (copy_outcome, fail_run_folder, keep_probe_log, record_inferred_oom, record_outcome,
@@ -231,8 +231,14 @@ def ask_baseline_first(study: optuna.Study) -> optuna.Trial:
 
 
 def confirm_waiting(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """Queued confirmations (search/confirm.py), taken before anything the search queued."""
-    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)) if "confirms" in t.user_attrs]
+    """Queued confirmations and the export's verifying probe (search/confirm.py), taken before anything the search
+    queued."""
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)) if _repeats_a_trial(t)]
+
+
+def _repeats_a_trial(trial: optuna.trial.FrozenTrial | optuna.Trial) -> bool:
+    """A confirmation or a verifying probe: a measured configuration probed again on purpose."""
+    return "confirms" in trial.user_attrs or "verifies" in trial.user_attrs
 
 
 def claim_waiting(study: optuna.Study, waiting: optuna.trial.FrozenTrial) -> optuna.Trial | None:
@@ -320,14 +326,21 @@ def _run_trials(ctx: StudyContext, study: optuna.Study, executor: Executor, on_t
     started_s = time.monotonic()
     running: dict[int, tuple[optuna.Trial, lease.Heartbeat]] = {}  # asked by this loop, outcome not yet stored
 
-    # the trials and probes kept for confirming the leaders (search/confirm.py) until the search has spent the rest
-    held = confirm_held(cfg, ctx.runner)
+    # the trials and probes kept for confirming the leaders, then for verifying the export (search/confirm.py), until
+    # the search has spent the rest
+    to_confirm, to_verify = confirm_held(cfg, ctx.runner), verify_held(cfg, ctx.runner)
+
+    def confirmed() -> bool:
+        return not to_confirm or confirm.CONFIRM_ATTR in study.user_attrs
+
+    def verified() -> bool:
+        return not to_verify or confirm.VERIFY_ATTR in study.user_attrs
+
+    def held() -> int:
+        return (0 if confirmed() else to_confirm) + (0 if verified() else to_verify)
 
     def target() -> int:
-        return cfg.trials - (0 if confirming() else held)
-
-    def confirming() -> bool:
-        return not held or confirm.CONFIRM_ATTR in study.user_attrs
+        return cfg.trials - held()
 
     def wants_more() -> bool:
         # a queued baseline runs whatever --trials says: a report needs it (a retry after an interrupted trial 0)
@@ -337,7 +350,7 @@ def _run_trials(ctx: StudyContext, study: optuna.Study, executor: Executor, on_t
     try:
         while True:
             interrupt.check()
-            stop = budget_left(cfg, study, started_s, 0 if confirming() else held)
+            stop = budget_left(cfg, study, started_s, held())
             while stop is None and executor.in_flight() < executor.capacity() and wants_more():
                 interrupt.check()
                 if fail_dead_local_trials(study):
@@ -355,10 +368,13 @@ def _run_trials(ctx: StudyContext, study: optuna.Study, executor: Executor, on_t
                     launches = [Launch(trial, *prepared)]
                     launches += _group_members(ctx, study, executor, launches[0], running, on_trial)
                     executor.submit_group(launches, [_reporter(ctx, study, la.trial) for la in launches])
-                stop = budget_left(cfg, study, started_s, 0 if confirming() else held)
+                stop = budget_left(cfg, study, started_s, held())
             if not executor.in_flight():
-                if not confirming():  # the search has spent its share: probe the leaders again, then go on
-                    confirm.enqueue(study, held)
+                if not confirmed():  # the search has spent its share: probe the leaders again, then go on
+                    confirm.enqueue(study, to_confirm)
+                    continue
+                if not verified():  # the confirmations are in: choose the export, then measure it once more
+                    confirm.verify(study)
                     continue
                 if stop and finished_count(study) < cfg.trials:
                     study.set_user_attr("stopped_by", stop)
@@ -403,6 +419,8 @@ def _group_members(ctx: StudyContext, study: optuna.Study, executor: Executor, l
     if room <= 0 or not ctx.runner.can_share(lead.request):
         return []
     req = lead.request
+    if "verifies" in lead.trial.user_attrs:  # the export's verifying probe is measured alone
+        return []
     if "confirms" in lead.trial.user_attrs:  # a confirmation's launch measures the other queued confirmations
         storage = _STORAGES[study]
         study_id = storage.get_study_id_from_name(study.study_name)
@@ -536,7 +554,7 @@ def prepare_trial(ctx: StudyContext, study: optuna.Study,
     if cfg.tune_workload:  # opted-in workload knobs: recorded even when equal to the user's value
         trial.set_user_attr("workload_tuned", {k: getattr(workload, k) for k in cfg.tune_workload})
 
-    duplicate = (None if "confirms" in trial.user_attrs  # a confirmation probes a measured configuration again
+    duplicate = (None if _repeats_a_trial(trial)  # a confirmation probes a measured configuration again
                  else _find_duplicate(study, trial, separate_reference(workload)))
     if duplicate is not None:
         copy_outcome(study, trial, duplicate)

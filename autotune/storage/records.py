@@ -23,6 +23,8 @@ CONSTRAINT_KEYS = ("rules", "memory")
 # study attribute: {trial number: posterior tokens/s/GPU} of each measured configuration where probes are noisy
 POSTERIOR_ATTR = "posterior_tokens_per_s_per_gpu"
 MEASURED_STATES = ("measured", "simulated")
+# study attribute: the export's trial number, fixed before the probe that scores it (search/confirm.verify; None: none)
+EXPORT_CHOSEN_ATTR = "export_chosen"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,21 +106,36 @@ def best_records(study: optuna.Study, k: int = 5) -> list[TrialRecord]:
                     and (r.peak_mem_gib or 0.0) <= capacity - margin]
     base = baseline_record(study)
     return rank(measured, (base.user_attrs.get("candidate") or base.params) if base else {},
-                study.user_attrs.get(POSTERIOR_ATTR))[:k]
+                study.user_attrs.get(POSTERIOR_ATTR), study.user_attrs.get(EXPORT_CHOSEN_ATTR))[:k]
 
 
-def rank(measured: list[TrialRecord], base_params: dict, posterior: dict | None = None) -> list[TrialRecord]:
+def rank(measured: list[TrialRecord], base_params: dict, posterior: dict | None = None,
+         chosen: int | None = None) -> list[TrialRecord]:
     """Results fastest first, the export first among those tied with the fastest (tie_break). Where the study's
     probes are noisy and every result has a posterior throughput (search/posterior.py), by that instead of its
-    measured score."""
+    measured score. Where the export was chosen before its verifying probe (`chosen`, search/confirm.verify), it
+    stays first: the probe that scores it must not also choose it."""
     if posterior and all(str(r.number) in posterior for r in measured):
         measured = [replace(r, user_attrs={**r.user_attrs, POSTERIOR_ATTR: posterior[str(r.number)]})
                     for r in measured]
     ranked = sorted(measured, key=ranking_score, reverse=True)
     if ranked:
-        pick = tie_break(tied_with_fastest(ranked), base_params)
+        pick = still_chosen(ranked, chosen) or tie_break(tied_with_fastest(ranked), base_params)
         ranked = [pick] + [r for r in ranked if r is not pick]
     return ranked
+
+
+def still_chosen(measured: list[TrialRecord], chosen: int | None) -> TrialRecord | None:
+    """The export fixed before its verifying probe, once that probe is in and while nothing was measured after it
+    (a resumed study that searched on chooses again)."""
+    fixed = next((r for r in measured if r.number == chosen), None) if chosen is not None else None
+    verified_at = max((p["trial"] for p in (fixed.user_attrs.get("repeats") or ()) if p.get("role") == "verify"),
+                      default=None) if fixed else None
+    if verified_at is None:
+        return None
+    later = any(n > verified_at for r in measured if r is not fixed
+                for n in [r.number, *(p["trial"] for p in r.user_attrs.get("repeats") or ())])
+    return None if later else fixed
 
 
 def ranking_score(rec: TrialRecord) -> float:
@@ -147,7 +164,8 @@ def pooled(measured: list[TrialRecord]) -> list[TrialRecord]:
     probe is left out of a confirmed score because it is what chose the configuration for confirmation: of many noisy
     probes the search confirms the highest, so that one is high by luck (winner's curse; on the search benchmark's
     noisy machines the export's pooled score overstated its true one by x1.06 on median, benchmarks/export_regret.py),
-    while a probe taken after the choice is not. A trial that copied another's outcome without a probe
+    while a probe taken after the choice is not. The export's verifying probe (search/confirm.verify), taken after the
+    confirmations chose it, is its score alone, for the same reason. A trial that copied another's outcome without a probe
     (`duplicate_of`) is no measurement of its own."""
     groups: dict[str, list[TrialRecord]] = {}
     for r in measured:
@@ -158,7 +176,8 @@ def pooled(measured: list[TrialRecord]) -> list[TrialRecord]:
         if len(probes) == 1:
             out.extend(recs)
             continue
-        scored = [r for r in probes if "confirms" in r.user_attrs] or probes
+        scored = ([r for r in probes if "verifies" in r.user_attrs] or [r for r in probes if "confirms" in r.user_attrs]
+                  or probes)
         steps = {r.number: max(len(timed_values(r)), 1) for r in probes}
         score = math.exp(sum(steps[r.number] * math.log(r.tokens_per_s_per_gpu) for r in scored)
                          / sum(steps[r.number] for r in scored))
@@ -167,9 +186,15 @@ def pooled(measured: list[TrialRecord]) -> list[TrialRecord]:
         out.append(replace(first, tokens_per_s_per_gpu=score, peak_mem_gib=max(peaks) if peaks else None,
                            user_attrs={**first.user_attrs, "repeats": [
                                {"trial": r.number, "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu,
-                                "steps": steps[r.number], "scored": r in scored}
+                                "steps": steps[r.number], "scored": r in scored, "role": probe_role(r)}
                                for r in sorted(probes, key=lambda p: p.number)]}))
     return out
+
+
+def probe_role(rec: TrialRecord) -> str:
+    """Why a configuration was probed: "verify" (the export's probe after it was chosen), "confirm" (a leader's
+    probe again) or "search"."""
+    return "verify" if "verifies" in rec.user_attrs else "confirm" if "confirms" in rec.user_attrs else "search"
 
 
 # Scores this close to the fastest are one result (issue 32 item 5): a difference no run's wall time shows, below a

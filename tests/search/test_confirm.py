@@ -14,7 +14,7 @@ from autotune.backends.sim import SimRunner
 from autotune.cli import status_line
 from autotune.config import Budget, SearchOptions
 from autotune.search import confirm
-from autotune.search.budget import confirm_held
+from autotune.search.budget import confirm_held, verify_held
 from autotune.search.driver import run_study
 from autotune.storage.records import best_records, records
 from autotune.storage.results import summary
@@ -41,13 +41,14 @@ class _NoisyMachine(SimRunner):
 
 
 def test_the_leaders_are_probed_again_and_the_export_is_scored_by_its_confirmation(tmp_path):
-    study = run_study(_cfg(tmp_path, trials=14), _NoisyMachine(seed=1))
+    study = run_study(_cfg(tmp_path, trials=14, search=SearchOptions(verify=False)), _NoisyMachine(seed=1))
     confirmed = study.user_attrs[confirm.CONFIRM_ATTR]
     assert 1 <= len(confirmed) <= 2
     again = [t for t in study.trials if "confirms" in t.user_attrs]
     assert sorted(t.user_attrs["confirms"] for t in again) == sorted(confirmed)
     assert all(t.user_attrs.get("launched") and "duplicate_of" not in t.user_attrs for t in again)
     assert len(study.trials) == 14, "the confirmations come out of --trials, not on top of it"
+    assert confirm.VERIFY_ATTR not in study.user_attrs
     best = best_records(study, k=1)[0]
     assert best.number in confirmed
     repeats = best.user_attrs["repeats"]
@@ -61,6 +62,43 @@ def test_the_leaders_are_probed_again_and_the_export_is_scored_by_its_confirmati
     line = status_line(doc, 14, 14)
     assert f"scored by its confirmation probe(s) {after['trial']}" in line
     assert f"{doc['best']['posterior_tokens_per_s_per_gpu']:.0f} under the corrected model" in line
+
+
+def test_the_export_is_chosen_then_scored_by_a_probe_that_did_not_choose_it(tmp_path):
+    """After the confirmations the export is fixed, then probed once more; that probe alone is its score, and the
+    export stays the export whatever it measures."""
+    study = run_study(_cfg(tmp_path, trials=15), _NoisyMachine(seed=1))
+    assert len(study.trials) == 15, "the verifying probe comes out of --trials, not on top of it"
+    chosen = study.user_attrs[confirm.VERIFY_ATTR]
+    (verifying,) = [t for t in study.trials if "verifies" in t.user_attrs]
+    assert verifying.user_attrs["verifies"] == chosen
+    assert verifying.number == max(t.number for t in study.trials), "it is the study's last probe"
+    assert verifying.user_attrs.get("launched") and "duplicate_of" not in verifying.user_attrs
+    best = best_records(study, k=1)[0]
+    assert best.number == chosen
+    (scored,) = [p for p in best.user_attrs["repeats"] if p["scored"]]
+    assert scored["trial"] == verifying.number
+    assert best.tokens_per_s_per_gpu == pytest.approx(verifying.user_attrs["tokens_per_s_per_gpu"], rel=1e-9)
+    line = status_line(summary(study, f"sqlite:///{tmp_path / 'a.db'}"), 15, 15)
+    assert f"scored by its verifying probe {verifying.number}" in line
+
+
+def test_a_verifying_probe_that_measures_low_leaves_the_export_where_it_was():
+    """The probe that scores the export must not also choose it: one that measured it far below the runner-up still
+    scores it, and the export does not move."""
+    study = _measured_study({0: 100.0, 1: 230.0, 2: 220.0})
+    assert confirm.verify(study) == 1
+    assert confirm.verify(study) is None, "once per study"
+    (queued,) = [t for t in study.trials if "verifies" in t.user_attrs]
+    assert queued.user_attrs["label"] == "verify trial 1"
+    study.add_trial(optuna.trial.create_trial(
+        params={}, distributions={}, value=150.0,
+        user_attrs={"state": "measured", "feasible": True, "tokens_per_s_per_gpu": 150.0, "verifies": 1,
+                    "candidate": {"config": 1}, "series": {"perf/throughput": [150.0]}}))
+    best = best_records(study, k=2)
+    assert [r.number for r in best] == [1, 2]
+    assert best[0].tokens_per_s_per_gpu == pytest.approx(150.0)
+    assert confirm.verify(_measured_study({})) is None
 
 
 def _measured_study(scores: dict[int, float]) -> optuna.Study:
@@ -90,9 +128,13 @@ def test_a_deterministic_probe_and_a_small_study_confirm_nothing(tmp_path):
     assert confirm_held(_cfg(tmp_path, trials=9), _NoisyMachine()) == 0
     assert confirm_held(_cfg(tmp_path, trials=30, budget=Budget(probes=8)), _NoisyMachine()) == 0
     assert confirm_held(_cfg(tmp_path, trials=30, search=SearchOptions(confirm=0)), _NoisyMachine()) == 0
+    assert verify_held(_cfg(tmp_path, trials=30), _NoisyMachine()) == 1
+    assert verify_held(_cfg(tmp_path, trials=30, search=SearchOptions(verify=False)), _NoisyMachine()) == 0
+    assert verify_held(_cfg(tmp_path, trials=30, search=SearchOptions(confirm=0)), _NoisyMachine()) == 0
+    assert verify_held(_cfg(tmp_path, trials=30), SimRunner()) == 0
     study = run_study(_cfg(tmp_path, trials=14), SimRunner())
-    assert confirm.CONFIRM_ATTR not in study.user_attrs
-    assert not any("confirms" in t.user_attrs for t in study.trials)
+    assert confirm.CONFIRM_ATTR not in study.user_attrs and confirm.VERIFY_ATTR not in study.user_attrs
+    assert not any("confirms" in t.user_attrs or "verifies" in t.user_attrs for t in study.trials)
 
 
 def test_a_probe_budget_keeps_the_confirmations_probes(tmp_path):
@@ -107,5 +149,18 @@ def test_a_resumed_study_does_not_confirm_twice(tmp_path):
     run_study(_cfg(tmp_path, trials=12), _NoisyMachine(seed=3))
     study = run_study(_cfg(tmp_path, trials=16), _NoisyMachine(seed=4))
     assert sum("confirms" in t.user_attrs for t in study.trials) <= 2
+    assert sum("verifies" in t.user_attrs for t in study.trials) <= 1
     assert len(study.trials) == 16
     assert all(r.state != "running" for r in records(study))
+
+
+def test_a_study_that_searched_on_after_the_verifying_probe_chooses_again():
+    """The fixed choice holds only while nothing was measured after its verifying probe (a resumed study)."""
+    study = _measured_study({0: 100.0, 1: 230.0, 2: 220.0})
+    confirm.verify(study)
+    for number, config, tps, attrs in ((4, 1, 150.0, {"verifies": 1}), (5, 5, 240.0, {})):
+        study.add_trial(optuna.trial.create_trial(
+            params={}, distributions={}, value=tps,
+            user_attrs={"state": "measured", "feasible": True, "tokens_per_s_per_gpu": tps,
+                        "candidate": {"config": config}, "series": {"perf/throughput": [tps]}, **attrs}))
+    assert [r.number for r in best_records(study, k=3)] == [5, 2, 1]
