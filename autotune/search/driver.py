@@ -26,7 +26,7 @@ from autotune.model.host_memory import HOST_HEADROOM, estimate_host_memory
 from autotune.model.memory import estimate_memory
 from autotune.search.prescreen import MemoryGate, inferred_oom, known_fit, memory_ratio
 from autotune.search.sampler import make_pruner, make_sampler
-from autotune.search import confirm, groups, learned, posterior
+from autotune.search import confirm, groups, learned, posterior, queue
 from autotune.search.budget import budget_left, confirm_held, finished_count, spent, verify_held
 from autotune.search.equivalence import config_key
 from autotune.search.executor import Executor, Finished, InProcess, Launch, Report
@@ -208,58 +208,6 @@ def enqueue_baseline(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -
     return True
 
 
-def baseline_waiting(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
-    """The queued baseline (trial 0, or its retry after an interrupted one), if it has not been taken yet."""
-    return next((t for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-                 if t.user_attrs.get("baseline")), None)
-
-
-def ask_baseline_first(study: optuna.Study) -> optuna.Trial:
-    """`study.ask()`, except that a queued baseline, then a queued confirmation, is taken before anything queued
-    ahead of it.
-
-    A retry of an interrupted trial 0 is queued behind the warm start that the first run queued, and a
-    resumed run with a small --trials would end before reaching it (the report then had no measured
-    baseline). This is Optuna's own ask (optuna/study/study.py: `_pop_waiting_trial_id` claims a WAITING
-    trial by setting it RUNNING, then `Trial(study, trial_id)`), aimed at one trial; if another tuner
-    claimed it first, the ordinary ask follows."""
-    for waiting in (baseline_waiting(study), *confirm_waiting(study)):
-        claimed = claim_waiting(study, waiting) if waiting is not None else None
-        if claimed is not None:
-            return claimed
-    return study.ask()
-
-
-def confirm_waiting(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """Queued confirmations and the export's verifying probe (search/confirm.py), taken before anything the search
-    queued."""
-    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)) if _repeats_a_trial(t)]
-
-
-def _repeats_a_trial(trial: optuna.trial.FrozenTrial | optuna.Trial) -> bool:
-    """A confirmation or a verifying probe: a measured configuration probed again on purpose."""
-    return "confirms" in trial.user_attrs or "verifies" in trial.user_attrs
-
-
-def claim_waiting(study: optuna.Study, waiting: optuna.trial.FrozenTrial) -> optuna.Trial | None:
-    """Optuna's claim of a queued trial, aimed at this one; None if another tuner took it first."""
-    storage = _STORAGES[study]
-    trial_id = storage.get_trial_id_from_study_id_trial_number(
-        storage.get_study_id_from_name(study.study_name), waiting.number)
-    try:
-        if storage.set_trial_state_values(trial_id, TrialState.RUNNING):
-            return optuna.Trial(study, trial_id)
-    except optuna.exceptions.UpdateFinishedTrialError:
-        pass
-    return None
-
-
-def group_members_waiting(study: optuna.Study, lead_number: int) -> list[optuna.trial.FrozenTrial]:
-    """The queued members of `lead_number`'s launch (search/groups.py)."""
-    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-            if t.user_attrs.get(groups.GROUP_ATTR) == lead_number]
-
-
 def enqueue_warm_start(study: optuna.Study, cfg: TuneConfig, space: SearchSpace) -> int:
     """The cost model's best predictions, right after verl's default (once per study)."""
     if not cfg.search.warm_start or study.user_attrs.get("warm_started"):
@@ -345,7 +293,7 @@ def _run_trials(ctx: StudyContext, study: optuna.Study, executor: Executor, on_t
     def wants_more() -> bool:
         # a queued baseline runs whatever --trials says: a report needs it (a retry after an interrupted trial 0)
         return (finished_count(study) + executor.in_flight() < target()
-                or baseline_waiting(study) is not None)
+                or queue.baseline_waiting(study) is not None)
 
     try:
         while True:
@@ -358,7 +306,7 @@ def _run_trials(ctx: StudyContext, study: optuna.Study, executor: Executor, on_t
                 if not cfg.tune_workload:
                     propose_from_model(study, cfg, space)
                 with interrupt.critical():  # a signal here would leave a RUNNING trial nobody claims
-                    trial = ask_baseline_first(study)
+                    trial = queue.ask_queued_first(study, _STORAGES[study])
                     lease.take(trial)
                     running[trial.number] = (trial, lease.Heartbeat(trial).start())
                 prepared = _unless_taken_over(study, trial, lambda: prepare_trial(ctx, study, trial))
@@ -424,17 +372,17 @@ def _group_members(ctx: StudyContext, study: optuna.Study, executor: Executor, l
     if "confirms" in lead.trial.user_attrs:  # a confirmation's launch measures the other queued confirmations
         storage = _STORAGES[study]
         study_id = storage.get_study_id_from_name(study.study_name)
-        others = [t for t in confirm_waiting(study) if t.number != lead.trial.number]
+        others = [t for t in queue.repeats_waiting(study) if t.number != lead.trial.number]
         for t in groups.same_restart_key(req.candidate, others, room):
             storage.set_trial_user_attr(storage.get_trial_id_from_study_id_trial_number(study_id, t.number),
                                         groups.GROUP_ATTR, lead.trial.number)
     else:
         groups.enqueue_members(study, cfg, ctx.space, lead.trial, req.candidate, req.workload, room)
     out = []
-    for waiting in group_members_waiting(study, lead.trial.number):
+    for waiting in queue.group_members_waiting(study, lead.trial.number):
         interrupt.check()
         with interrupt.critical():
-            trial = claim_waiting(study, waiting)
+            trial = queue.claim_waiting(study, _STORAGES[study], waiting)
             if trial is None:
                 continue
             lease.take(trial)
@@ -554,7 +502,7 @@ def prepare_trial(ctx: StudyContext, study: optuna.Study,
     if cfg.tune_workload:  # opted-in workload knobs: recorded even when equal to the user's value
         trial.set_user_attr("workload_tuned", {k: getattr(workload, k) for k in cfg.tune_workload})
 
-    duplicate = (None if _repeats_a_trial(trial)  # a confirmation probes a measured configuration again
+    duplicate = (None if queue.repeats_a_trial(trial)  # a confirmation probes a measured configuration again
                  else _find_duplicate(study, trial, separate_reference(workload)))
     if duplicate is not None:
         copy_outcome(study, trial, duplicate)

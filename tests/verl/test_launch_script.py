@@ -334,7 +334,7 @@ def test_a_script_just_under_the_bounds_reads_in_a_second(tmp_path):
 
 
 def test_a_doubling_chain_of_variables_is_refused_at_the_expansion_size_limit():
-    from autotune.verl.launch_script import MAX_EXPANSION_CHARS
+    from autotune.verl.bash_shell import MAX_EXPANSION_CHARS
 
     script = "A=" + "x" * 1000 + "\n" + "A=$A$A\n" * 40 + f"{ENTRY} data.train_files=$A\n"
     _refused_quickly(lambda: run(script), f"more than {MAX_EXPANSION_CHARS} characters")
@@ -343,7 +343,7 @@ def test_a_doubling_chain_of_variables_is_refused_at_the_expansion_size_limit():
 
 
 def test_nested_expansions_are_refused_at_the_depth_limit():
-    from autotune.verl.launch_script import MAX_EXPANSION_DEPTH
+    from autotune.verl.bash_shell import MAX_EXPANSION_DEPTH
 
     nested = f"{ENTRY} a.b=" + "${X:-" * 2000 + "1" + "}" * 2000 + "\n"
     _refused_quickly(lambda: run(nested), f"more than {MAX_EXPANSION_DEPTH} levels deep")
