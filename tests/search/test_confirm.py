@@ -164,3 +164,16 @@ def test_a_study_that_searched_on_after_the_verifying_probe_chooses_again():
             user_attrs={"state": "measured", "feasible": True, "tokens_per_s_per_gpu": tps,
                         "candidate": {"config": config}, "series": {"perf/throughput": [tps]}, **attrs}))
     assert [r.number for r in best_records(study, k=3)] == [5, 2, 1]
+
+
+def test_a_verifying_probe_that_never_measured_leaves_the_ranking_to_the_scores():
+    """Killed or failed before its result: the fixed choice is not held without the probe that was to score it."""
+    study = _measured_study({0: 100.0, 1: 220.0, 2: 230.0})
+    assert confirm.verify(study) == 2
+    study.set_user_attr(confirm.VERIFY_ATTR, 1)  # as a posterior that ranked trial 1 first would have chosen
+    (queued,) = [t for t in study.get_trials(states=(optuna.trial.TrialState.WAITING,))]
+    study.tell(study.ask(), state=optuna.trial.TrialState.FAIL)  # Optuna's ask takes the queued verifying trial
+    assert study.trials[queued.number].state == optuna.trial.TrialState.FAIL
+    best = best_records(study, k=3)
+    assert [r.number for r in best] == [2, 1, 0]
+    assert best[0].tokens_per_s_per_gpu == pytest.approx(230.0)
