@@ -73,10 +73,8 @@ def autotune_exports(machine: Machine, budget: int, search: SearchOptions) -> tu
         results = [TrialRecord.of(t) for t in prefix if is_result(t)]
         # what the study would export had it stopped here: its posterior ranking from these probes alone
         post = posterior.scores(prefix, cfg, CorrectedModel.from_trials(prefix, cfg, study)) if noisy else None
-        # the export fixed before its verifying probe (search/confirm.verify) stays the export once that probe is in
-        chosen = (study.user_attrs.get(EXPORT_CHOSEN_ATTR) if any("verifies" in t.user_attrs for t in prefix)
-                  else None)
-        ranked = rank(pooled(results), base_params, post, chosen)
+        # the export fixed before its verifying probe (search/confirm.verify): rank holds it once that probe is in
+        ranked = rank(pooled(results), base_params, post, study.user_attrs.get(EXPORT_CHOSEN_ATTR))
         last = ranked[0] if ranked else None
         values.append(machine.truth(Candidate.from_params(last.user_attrs["candidate"]), job.workload) if last else 0.0)
     overstated = last.tokens_per_s_per_gpu / values[-1] if last and values[-1] else float("nan")

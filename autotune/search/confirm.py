@@ -15,8 +15,9 @@ Verify after choosing: the export is picked after the confirmations by a posteri
 luckier of two confirmed leaders tends to win and its confirmation is high by luck in turn (on 40 fresh 7B machines
 of the benchmark, sigma 0.1: measured/true 1.049 on median with the confirmations as its score). Where
 `search.verify` is on, one more trial is kept back: once the confirmations are in, the export is chosen and fixed
-(study attribute VERIFY_ATTR), then probed once more, and that probe alone is its score (storage/records.pooled): a
-measurement taken after the choice and never used to make it, so it is as likely low as high.
+(study attribute EXPORT_CHOSEN_ATTR), then probed once more, and that probe alone is its score
+(storage/records.pooled): a measurement taken after the choice and never used to make it, so it is as likely low as
+high.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from autotune.storage.noise import measured_noise, probe_sigma, probes_of
 from autotune.storage.records import EXPORT_CHOSEN_ATTR, best_records, records
 
 CONFIRM_ATTR = "confirm_enqueued"  # study attribute: the trial numbers the confirmation enqueued (set once)
-VERIFY_ATTR = EXPORT_CHOSEN_ATTR  # study attribute: the export's trial, fixed before its verifying probe
 Z95 = 1.96
 
 
@@ -60,20 +60,20 @@ def enqueue(study: optuna.Study, k: int) -> list[int]:
 
 
 def verify(study: optuna.Study) -> int | None:
-    """Choose the export now and fix it (VERIFY_ATTR), then enqueue its verifying probe (label "verify trial N"),
-    once per study; the trial chosen, None where nothing was measured."""
-    if VERIFY_ATTR in study.user_attrs:
+    """Choose the export now and fix it (EXPORT_CHOSEN_ATTR), then enqueue its verifying probe (label "verify trial
+    N"), once per study; the trial chosen, None where nothing was measured."""
+    if EXPORT_CHOSEN_ATTR in study.user_attrs:
         return None
     ranked = best_records(study, k=1)
     chosen = ranked[0] if ranked else None
     if chosen is not None:
         _enqueue_again(study, chosen, "verifies", f"verify trial {chosen.number}")
-    study.set_user_attr(VERIFY_ATTR, chosen.number if chosen else None)
+    study.set_user_attr(EXPORT_CHOSEN_ATTR, chosen.number if chosen else None)
     return chosen.number if chosen else None
 
 
 def _enqueue_again(study: optuna.Study, rec, role: str, label: str) -> None:
     """Queue a measured configuration's probe again; `role` ("confirms" or "verifies") names the trial it repeats."""
-    study.enqueue_trial(dict(rec.params), user_attrs={role: rec.number, "label": label,
-                                                      PLANNED_ATTR: rec.user_attrs.get("candidate") or dict(rec.params)},
+    planned = rec.user_attrs.get("candidate") or dict(rec.params)
+    study.enqueue_trial(dict(rec.params), user_attrs={role: rec.number, "label": label, PLANNED_ATTR: planned},
                         skip_if_exists=False)

@@ -39,7 +39,7 @@ from autotune.verl.roles import separate_reference
 from autotune.verl.rules import check
 from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import SearchSpace, verl_default_candidate
-from autotune.storage.records import set_constraints
+from autotune.storage.records import EXPORT_CHOSEN_ATTR, set_constraints
 from autotune.storage.node_profile import PROFILE_ATTR, phase_factors
 from autotune.storage.settings import ATTR as SETTINGS_ATTR, search_settings
 from autotune.storage.urls import hold_single_writer, open_storage
@@ -282,7 +282,7 @@ def _run_trials(ctx: StudyContext, study: optuna.Study, executor: Executor, on_t
         return not to_confirm or confirm.CONFIRM_ATTR in study.user_attrs
 
     def verified() -> bool:
-        return not to_verify or confirm.VERIFY_ATTR in study.user_attrs
+        return not to_verify or EXPORT_CHOSEN_ATTR in study.user_attrs
 
     def held() -> int:
         return (0 if confirmed() else to_confirm) + (0 if verified() else to_verify)

@@ -8,6 +8,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.search import groups
+from autotune.storage.records import probe_role
 
 
 def baseline_waiting(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
@@ -40,7 +41,7 @@ def repeats_waiting(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
 
 def repeats_a_trial(trial: optuna.trial.FrozenTrial | optuna.Trial) -> bool:
     """A confirmation or a verifying probe: a measured configuration probed again on purpose."""
-    return "confirms" in trial.user_attrs or "verifies" in trial.user_attrs
+    return probe_role(trial.user_attrs) != "search"
 
 
 def claim_waiting(study: optuna.Study, storage: optuna.storages.BaseStorage,

@@ -165,8 +165,8 @@ def pooled(measured: list[TrialRecord]) -> list[TrialRecord]:
     probes the search confirms the highest, so that one is high by luck (winner's curse; on the search benchmark's
     noisy machines the export's pooled score overstated its true one by x1.06 on median, benchmarks/export_regret.py),
     while a probe taken after the choice is not. The export's verifying probe (search/confirm.verify), taken after the
-    confirmations chose it, is its score alone, for the same reason. A trial that copied another's outcome without a probe
-    (`duplicate_of`) is no measurement of its own."""
+    confirmations chose it, is its score alone, for the same reason. A trial that copied another's outcome without a
+    probe (`duplicate_of`) is no measurement of its own."""
     groups: dict[str, list[TrialRecord]] = {}
     for r in measured:
         groups.setdefault(configuration_key(r), []).append(r)
@@ -186,15 +186,15 @@ def pooled(measured: list[TrialRecord]) -> list[TrialRecord]:
         out.append(replace(first, tokens_per_s_per_gpu=score, peak_mem_gib=max(peaks) if peaks else None,
                            user_attrs={**first.user_attrs, "repeats": [
                                {"trial": r.number, "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu,
-                                "steps": steps[r.number], "scored": r in scored, "role": probe_role(r)}
+                                "steps": steps[r.number], "scored": r in scored, "role": probe_role(r.user_attrs)}
                                for r in sorted(probes, key=lambda p: p.number)]}))
     return out
 
 
-def probe_role(rec: TrialRecord) -> str:
-    """Why a configuration was probed: "verify" (the export's probe after it was chosen), "confirm" (a leader's
-    probe again) or "search"."""
-    return "verify" if "verifies" in rec.user_attrs else "confirm" if "confirms" in rec.user_attrs else "search"
+def probe_role(user_attrs: dict) -> str:
+    """Why a trial probed its configuration, from its user attributes: "verify" (the export's probe after it was
+    chosen, search/confirm.verify), "confirm" (a leader's probe again) or "search"."""
+    return "verify" if "verifies" in user_attrs else "confirm" if "confirms" in user_attrs else "search"
 
 
 # Scores this close to the fastest are one result (issue 32 item 5): a difference no run's wall time shows, below a

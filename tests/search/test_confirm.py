@@ -16,7 +16,7 @@ from autotune.config import Budget, SearchOptions
 from autotune.search import confirm
 from autotune.search.budget import confirm_held, verify_held
 from autotune.search.driver import run_study
-from autotune.storage.records import best_records, records
+from autotune.storage.records import EXPORT_CHOSEN_ATTR, best_records, records
 from autotune.storage.results import summary
 from sim_study import sim_cfg as _cfg
 
@@ -48,7 +48,7 @@ def test_the_leaders_are_probed_again_and_the_export_is_scored_by_its_confirmati
     assert sorted(t.user_attrs["confirms"] for t in again) == sorted(confirmed)
     assert all(t.user_attrs.get("launched") and "duplicate_of" not in t.user_attrs for t in again)
     assert len(study.trials) == 14, "the confirmations come out of --trials, not on top of it"
-    assert confirm.VERIFY_ATTR not in study.user_attrs
+    assert EXPORT_CHOSEN_ATTR not in study.user_attrs
     best = best_records(study, k=1)[0]
     assert best.number in confirmed
     repeats = best.user_attrs["repeats"]
@@ -69,7 +69,7 @@ def test_the_export_is_chosen_then_scored_by_a_probe_that_did_not_choose_it(tmp_
     export stays the export whatever it measures."""
     study = run_study(_cfg(tmp_path, trials=15), _NoisyMachine(seed=1))
     assert len(study.trials) == 15, "the verifying probe comes out of --trials, not on top of it"
-    chosen = study.user_attrs[confirm.VERIFY_ATTR]
+    chosen = study.user_attrs[EXPORT_CHOSEN_ATTR]
     (verifying,) = [t for t in study.trials if "verifies" in t.user_attrs]
     assert verifying.user_attrs["verifies"] == chosen
     assert verifying.number == max(t.number for t in study.trials), "it is the study's last probe"
@@ -133,7 +133,7 @@ def test_a_deterministic_probe_and_a_small_study_confirm_nothing(tmp_path):
     assert verify_held(_cfg(tmp_path, trials=30, search=SearchOptions(confirm=0)), _NoisyMachine()) == 0
     assert verify_held(_cfg(tmp_path, trials=30), SimRunner()) == 0
     study = run_study(_cfg(tmp_path, trials=14), SimRunner())
-    assert confirm.CONFIRM_ATTR not in study.user_attrs and confirm.VERIFY_ATTR not in study.user_attrs
+    assert confirm.CONFIRM_ATTR not in study.user_attrs and EXPORT_CHOSEN_ATTR not in study.user_attrs
     assert not any("confirms" in t.user_attrs or "verifies" in t.user_attrs for t in study.trials)
 
 
@@ -170,7 +170,7 @@ def test_a_verifying_probe_that_never_measured_leaves_the_ranking_to_the_scores(
     """Killed or failed before its result: the fixed choice is not held without the probe that was to score it."""
     study = _measured_study({0: 100.0, 1: 220.0, 2: 230.0})
     assert confirm.verify(study) == 2
-    study.set_user_attr(confirm.VERIFY_ATTR, 1)  # as a posterior that ranked trial 1 first would have chosen
+    study.set_user_attr(EXPORT_CHOSEN_ATTR, 1)  # as a posterior that ranked trial 1 first would have chosen
     (queued,) = [t for t in study.get_trials(states=(optuna.trial.TrialState.WAITING,))]
     study.tell(study.ask(), state=optuna.trial.TrialState.FAIL)  # Optuna's ask takes the queued verifying trial
     assert study.trials[queued.number].state == optuna.trial.TrialState.FAIL
