@@ -2,6 +2,8 @@
 # ON the GPU machine after setup.sh, started detached (setsid) so that it outlives one call; `.whl` (pytest and its
 # light dependencies) carried. One planned run for issues 28 and 29 (2026-12-06), in the order of what each result
 # needs, everything under /tmp/res (tarred by collect.sh; the stages in /tmp/res/timeline.txt):
+#   0. (only where no study has run on this kind of node: SKIP="1 3 4") a fresh study of run_tiny_grpo.sh, one
+#      launch of 4 configurations (tune_seed_node.yaml), that leaves its probes in this node's profile;
 #   1. the 2026-12-05 shared study resumed with nothing left to measure: `autotune run` ends at once and leaves the
 #      study's 18 measured probes in this node's profile, priced by this autotune's time model (node_prior.py);
 #   2. a study of another job (run_other_grpo.sh: other lengths, no KL, dynamic batching) that starts from that
@@ -10,7 +12,8 @@
 #   3. the shared study (step 1's copy, so its rows in the profile are replaced, not added twice) resumed for its
 #      third launch (tune_shared_3.yaml: 6 more configurations), last: collect before it where time is short.
 # In this order because device time is short and H200s were scarce (2026-12-06): what needs the most of it last.
-# Env: SKIP (step numbers to leave out, e.g. "1 2")
+# Env: SKIP (step numbers to leave out): "0 3 4" on a kind of node with a profile source (the H200), "1 3 4" on one
+# without (an H100: step 0 learns the profile that step 2 starts from)
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd); ROOT=$(cd "$HERE/../../.." && pwd)
 RES=/tmp/res; SKIP=${SKIP:-}
@@ -24,6 +27,7 @@ study() {  # name, then run_study.sh's env; each study in its own result and out
   env RES="$RES/$name" AT="/tmp/at_$name" TRAIN=0 TORCH=0 "$@" bash "$HERE/run_study.sh" > "$RES/$name.log" 2>&1
   stamp "$name end ($(grep '^rc=' "$RES/$name/study.txt" 2>/dev/null))"
 }
+skip 0 || study seed_node TUNE=benchmarks/verl_h200/tune_seed_node.yaml TRIALS=4 SEED=6
 skip 1 || study seed RESUME_DB="$DB" TUNE=benchmarks/verl_h200/tune_shared_3.yaml TRIALS=18 SEED=6
 skip 2 || study other JOB=benchmarks/verl_h200/run_other_grpo.sh TUNE=benchmarks/verl_h200/tune_other.yaml TRIALS=2 SEED=5
 if ! skip 4; then
