@@ -71,13 +71,14 @@ def node_profile_for(gpu: GpuSpec, passthrough: dict, detected=None) -> dict:
     """The profile of this node's kind for a verl job on `gpu` (storage/node_profile.py), or why there is none
     (`detected`: hardware.detect_gpus() when the caller has read it)."""
     from autotune.storage.node_profile import detect_kind, summary_for
+    from autotune.verl.rollout import vllm_eager
 
     kind = detect_kind("verl", passthrough, detected)
     if kind is None:
         return {"none": "no NVIDIA GPU detected here"}
     if kind.gpu != gpu.name:
         return {"none": f"this node is {kind.gpu}, the estimate is for {gpu.name}"}
-    return summary_for(kind, "no study has measured this kind of node yet")
+    return summary_for(kind, "no study has measured this kind of node yet", vllm_eager(passthrough))
 
 
 def estimate(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate, *, gpus_per_node: int,

@@ -15,8 +15,6 @@ configurations of the 2026-12-05 shared study (another job: 32 x 4, 512 tokens, 
 
 from __future__ import annotations
 
-import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -31,7 +29,7 @@ from autotune.spaces.layout import ParallelLayout
 from autotune.verl.rollout import vllm_eager
 
 sys.path.insert(0, str(Path(__file__).parent))
-from node_profile_h200 import SOURCE_DB, source_cfg  # noqa: E402
+from node_profile_h200 import SOURCE_DB, profile_factors, source_cfg  # noqa: E402
 
 SCRIPT = Path(__file__).parent / "verl_h200" / "run_other_grpo.sh"
 # issue 29's table: real verl 0.9.1 on one H200, step 2 (measured by the issue's author)
@@ -45,9 +43,10 @@ def main() -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url = f"sqlite:///{SOURCE_DB}"
     study = optuna.load_study(study_name=optuna.get_all_study_summaries(url)[0].study_name, storage=url)
-    rows, _, probes = study_rows(study, source_cfg(study, loop=True))
-    factor = {p: math.exp(statistics.median(r)) for p, r in rows.items()}
+    rows, others, probes = study_rows(study, source_cfg(study, loop=True))
     job = load_user_job(SCRIPT, [], "qwen2.5-1.5b", exporting=False)
+    # the profile's study ran vLLM eager, this job with CUDA graphs: its gen rows are not this job's prior
+    factor = profile_factors(rows, others, probes, eager_decode=vllm_eager(job.passthrough))
     gpu = get_gpu("H200")
     layout = ParallelLayout.of(job.baseline, job.workload, gpus_per_node=1, nodes=1)
     step = estimate_step_time(job.model, gpu, job.workload, job.baseline, layout, logprob_loop=True,

@@ -33,6 +33,7 @@ from autotune.hardware import get_gpu  # noqa: E402
 from autotune.model.cost import estimate_step_time  # noqa: E402
 from autotune.models import get_model, model_from_identity  # noqa: E402
 from autotune.search.node_prior import study_rows  # noqa: E402
+from autotune.storage.node_profile import NodeKind, NodeProfile, phase_factors, profile_row  # noqa: E402
 from autotune.spaces.layout import ParallelLayout  # noqa: E402
 from autotune.storage.results import workload_of  # noqa: E402
 
@@ -53,12 +54,20 @@ def source_cfg(study: optuna.Study, loop: bool, db: Path = SOURCE_DB) -> TuneCon
                       logprob_loop=loop)
 
 
+def profile_factors(rows: dict, others: list, probes: int, eager_decode: bool) -> dict[str, float]:
+    """measured/predicted per phase of a profile holding one study's rows, as a job of this decode mode reads it
+    (storage/node_profile.py: the path a study takes)."""
+    kind = NodeKind(gpu="H200", driver="", torch="", vllm="", verl="", attention="sdpa", backend="verl")
+    profile = NodeProfile(kind=kind, studies={"source": {"phases": rows, "other_s": others, "probes": probes}})
+    return phase_factors(profile.summary(eager_decode))
+
+
 def check(study: optuna.Study, loop: bool) -> None:
     rows, others, probes = study_rows(study, source_cfg(study, loop))
-    factor = {p: math.exp(statistics.median(r)) for p, r in rows.items()}
+    factor = profile_factors(rows, others, probes, eager_decode=True)  # the held-out probes run vLLM eager too
     print(f"profile from {SOURCE_DB.relative_to(RESULTS.parent.parent)}: {probes} measured probes")
     for phase in PHASES:
-        r = rows.get(phase, [])
+        r = rows.get(profile_row(phase, True), [])
         if r:
             print(f"  {phase:15s} measured/predicted x{factor[phase]:.2f} (median of {len(r)}; range "
                   f"x{math.exp(min(r)):.2f}-x{math.exp(max(r)):.2f})")

@@ -1,12 +1,14 @@
 """A new job's first launch predicted from the node profile another job's study left (issue 29's GPU check).
 
-    PYTHONPATH=. python benchmarks/profile_new_job_h200.py benchmarks/results/<run>/other/autotune.db
+    PYTHONPATH=. python benchmarks/profile_new_job_h200.py benchmarks/results/<run>/other/autotune.db [SEED_DB]
 
 The study (benchmarks/verl_h200/run_other_grpo.sh, tune_other.yaml) stored the profile it started from
 (search/node_prior.PROFILE_ATTR: per phase the median of log measured/predicted over the earlier study's probes).
 For each measured configuration of its first launch, every phase's prediction without the profile (the time model
 alone, with verl's per-token log-prob loop priced as on that node) and with it (the profile's factor), against
-what verl measured. No GPU needed: everything is read from the study's database.
+what verl measured. With SEED_DB (the database of the study the profile was learned from), also the profile this
+autotune learns from that study now (search/node_prior.study_rows, storage/node_profile.NodeProfile), for a change
+in how profiles are kept. No GPU needed: everything is read from the studies' databases.
 """
 
 from __future__ import annotations
@@ -21,25 +23,42 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.search.learned import base_prediction
+from autotune.search.node_prior import study_rows
 from autotune.spaces.candidate import Candidate
 from autotune.storage.node_profile import PROFILE_ATTR, describe_summary, phase_factors
 from autotune.storage.results import workload_of
 
 sys.path.insert(0, str(Path(__file__).parent))
-from node_profile_h200 import source_cfg  # noqa: E402
+from node_profile_h200 import profile_factors, source_cfg  # noqa: E402
 
 WITHIN = 1.25
 
 
-def main(db: str) -> int:
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+def load(db: str) -> optuna.Study:
     url = f"sqlite:///{db}"
-    study = optuna.load_study(study_name=optuna.get_all_study_summaries(url)[0].study_name, storage=url)
+    return optuna.load_study(study_name=optuna.get_all_study_summaries(url)[0].study_name, storage=url)
+
+
+def relearned(seed_db: str, eager_decode: bool) -> dict[str, float]:
+    """The profile's factors this autotune learns from the seed study, as a study of a job in this decode mode
+    reads them."""
+    seed = load(seed_db)
+    rows, others, probes = study_rows(seed, source_cfg(seed, loop=True, db=Path(seed_db)))
+    return profile_factors(rows, others, probes, eager_decode)
+
+
+def main(db: str, seed_db: str | None = None) -> int:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = load(db)
     cfg = source_cfg(study, loop=True, db=Path(db))
     summary = study.user_attrs.get(PROFILE_ATTR)
-    factors = phase_factors(summary)
-    print(describe_summary(summary))
-    errors: dict[str, list[float]] = {"without": [], "with": []}
+    print("stored:", describe_summary(summary))
+    profiles = {"with": phase_factors(summary)}
+    if seed_db:
+        profiles["now"] = relearned(seed_db, cfg.vllm_eager)
+        print("this autotune:", ", ".join(f"{p} x{f:.2f}" for p, f in sorted(profiles["now"].items())),
+              f"({'eager' if cfg.vllm_eager else 'CUDA graphs'} decoding, as this job's)")
+    errors: dict[str, list[float]] = {"without": [], **{label: [] for label in profiles}}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         attrs = t.user_attrs
         if attrs.get("state") != "measured" or not attrs.get("phase_s"):
@@ -52,19 +71,24 @@ def main(db: str) -> int:
             predicted_s = base.phase_s.get(phase)
             if not predicted_s or not measured_s:
                 continue
-            with_s = predicted_s * factors.get(phase, 1.0)
-            for label, value in (("without", predicted_s), ("with", with_s)):
-                errors[label].append(math.exp(abs(math.log(value / measured_s))))
-            print(f"  {phase:15s} measured {measured_s:6.2f} s  predicted {predicted_s:6.2f} s "
-                  f"(x{predicted_s / measured_s:.2f})  with the profile {with_s:6.2f} s (x{with_s / measured_s:.2f})")
+            line = (f"  {phase:15s} measured {measured_s:6.2f} s  predicted {predicted_s:6.2f} s "
+                    f"(x{predicted_s / measured_s:.2f})")
+            errors["without"].append(math.exp(abs(math.log(predicted_s / measured_s))))
+            for label, factors in profiles.items():
+                with_s = predicted_s * factors.get(phase, 1.0)
+                errors[label].append(math.exp(abs(math.log(with_s / measured_s))))
+                line += f"  {label} {with_s:6.2f} s (x{with_s / measured_s:.2f})"
+            print(line)
+    names = {"without": "without the profile", "with": "with the stored profile",
+             "now": "with this autotune's profile"}
     for label, values in errors.items():
         if values:
-            print(f"{label:8s} the profile: phases within {WITHIN}x {sum(v <= WITHIN for v in values)}/{len(values)}, "
+            print(f"{names[label]:29s}: phases within {WITHIN}x {sum(v <= WITHIN for v in values)}/{len(values)}, "
                   f"worst x{max(values):.2f}, median error x{statistics.median(values):.2f}")
     return 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: profile_new_job_h200.py STUDY_DB")
-    sys.exit(main(sys.argv[1]))
+    if len(sys.argv) not in (2, 3):
+        sys.exit("usage: profile_new_job_h200.py STUDY_DB [SEED_DB]")
+    sys.exit(main(*sys.argv[1:]))

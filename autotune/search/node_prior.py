@@ -22,7 +22,8 @@ from autotune.config import TuneConfig
 from autotune.model.cost import MODEL_REVISION
 from autotune.search.learned import base_prediction
 from autotune.spaces.candidate import Candidate
-from autotune.storage.node_profile import PROFILE_ATTR, NodeKind, detect_kind, record_study, summary_for
+from autotune.storage.node_profile import (PROFILE_ATTR, PROFILE_ROWS, NodeKind, detect_kind, profile_row,
+                                           record_study, summary_for)
 from autotune.storage.results import workload_of
 from autotune.storage.urls import redact
 
@@ -36,14 +37,15 @@ def start_profile(study: optuna.Study, cfg: TuneConfig) -> dict:
     if kind is None:
         summary = {"none": "the sim measures nothing" if cfg.backend == "sim" else "no NVIDIA GPU detected here"}
     else:
-        summary = summary_for(kind, "the first study on this kind of node")
+        summary = summary_for(kind, "the first study on this kind of node", cfg.vllm_eager)
     study.set_user_attr(PROFILE_ATTR, summary)
     return summary
 
 
 def study_rows(study: optuna.Study, cfg: TuneConfig) -> tuple[dict[str, list[float]], list[float], int]:
-    """(per phase the log of measured over predicted seconds, the step's seconds outside its phases, probes) of
-    this study's measured probes; simulated ones and copies of another trial's measurement are left out."""
+    """(per profile row the log of measured over predicted seconds, the step's seconds outside its phases, probes) of
+    this study's measured probes; simulated ones and copies of another trial's measurement are left out. A row is
+    a phase, gen apart for eager decoding (storage/node_profile.profile_row)."""
     phases: dict[str, list[float]] = {}
     others: list[float] = []
     probes = 0
@@ -60,7 +62,7 @@ def study_rows(study: optuna.Study, cfg: TuneConfig) -> tuple[dict[str, list[flo
         for phase, predicted_s in base.phase_s.items():
             seconds = measured.get(phase)
             if predicted_s > 0 and seconds and seconds > 0:
-                phases.setdefault(phase, []).append(math.log(seconds / predicted_s))
+                phases.setdefault(profile_row(phase, cfg.vllm_eager), []).append(math.log(seconds / predicted_s))
         step_s = attrs.get("step_s")
         timed = sum(v for k, v in measured.items() if k in base.phase_s)
         if step_s and step_s >= timed:
@@ -82,7 +84,8 @@ def record_profile(study: optuna.Study, cfg: TuneConfig) -> Path | None:
     phases, others, probes = study_rows(study, cfg)
     if not probes:
         return None
-    # study_rows prices every probe with this autotune's time model, so the rows belong under its revision even
-    # when the study started under an older one (resumed after an upgrade); the node's own fields are the study's
-    kind = replace(NodeKind(**summary["kind"]), model=MODEL_REVISION)
+    # study_rows prices every probe with this autotune's time model and keys it this autotune's way, so the rows
+    # belong under its revision even when the study started under an older one (resumed after an upgrade); the
+    # node's own fields are the study's
+    kind = replace(NodeKind(**summary["kind"]), model=MODEL_REVISION, rows=PROFILE_ROWS)
     return record_study(kind, study_id(study, cfg.storage_url), phases, others, probes)

@@ -28,6 +28,23 @@ from autotune.model.cost import MODEL_REVISION
 PROFILE_ATTR = "node_profile"  # the study attribute: the profile a study started from (or why none)
 PROFILE_DIR_ENV = "AUTOTUNE_PROFILE_DIR"
 MIN_PROFILE_PROBES = 2  # one probe's residual is as much its configuration's as the node's
+# how a profile's rows are keyed (profile_row); another layout starts new profiles, as a new time model does
+PROFILE_ROWS = "2026-12-07-gen-by-decode-mode"
+EAGER_SUFFIX = "@eager"
+
+
+def profile_row(phase: str, eager_decode: bool) -> str:
+    """The profile row a phase's residual is kept in and read from. vLLM's eager decode (rollout.enforce_eager) is
+    host-bound: every decode step launches its kernels layer by layer at the host CPU's pace, which the time model
+    prices with one constant fitted on the H200 node (model/cost.py _rollout_s). So an eager job's gen residual
+    measures the host, not what a job with CUDA graphs will see on the node: on one H100 (2026-12-07,
+    benchmarks/results/h100-2026-12-07-verl-profile) gen ran x0.64 of the model on an eager job and x0.98-1.23 on
+    a job with CUDA graphs. The other phases do not depend on the decode mode and share one row."""
+    return f"{phase}{EAGER_SUFFIX}" if phase == "gen" and eager_decode else phase
+
+
+def decode_mode(eager_decode: bool) -> str:
+    return "eager" if eager_decode else "CUDA graphs"
 
 
 @dataclass(frozen=True)
@@ -43,6 +60,7 @@ class NodeKind:
     backend: str
     # residuals are measured against one revision of the time model: another revision starts another profile
     model: str = MODEL_REVISION
+    rows: str = PROFILE_ROWS
 
     @property
     def id(self) -> str:
@@ -94,32 +112,35 @@ def detect_kind(backend: str, passthrough: dict, detected=None) -> NodeKind | No
 @dataclass
 class NodeProfile:
     kind: NodeKind
-    # study name -> {"phases": {phase: [log residual, ...]}, "other_s": [seconds, ...], "when": iso date}
+    # study name -> {"phases": {profile row: [log residual, ...]}, "other_s": [seconds, ...], "when": iso date};
+    # a profile row is a phase, or a phase in one regime (profile_row)
     studies: dict = field(default_factory=dict)
 
-    def rows(self, phase: str) -> list[float]:
-        return [r for s in self.studies.values() for r in s.get("phases", {}).get(phase, [])]
+    def rows(self, row: str) -> list[float]:
+        return [r for s in self.studies.values() for r in s.get("phases", {}).get(row, [])]
 
     @property
     def probes(self) -> int:
         return sum(s.get("probes", 0) for s in self.studies.values())
 
-    def prior(self) -> dict:
-        """Per phase: the median log residual and the spread of the residuals (what a new study starts from)."""
-        phases = sorted({p for s in self.studies.values() for p in s.get("phases", {})})
+    def prior(self, eager_decode: bool = False) -> dict:
+        """Per phase, for a job of this decode mode: the median log residual and the spread of the residuals (what
+        a new study starts from). A phase whose rows are all of the other decode mode has no prior."""
+        phases = sorted({p.removesuffix(EAGER_SUFFIX) for s in self.studies.values() for p in s.get("phases", {})})
         out = {}
         for phase in phases:
-            rows = self.rows(phase)
+            rows = self.rows(profile_row(phase, eager_decode))
             if len(rows) >= MIN_PROFILE_PROBES:
                 out[phase] = {"log_mean": statistics.median(rows), "log_sd": statistics.pstdev(rows), "n": len(rows)}
         others = [o for s in self.studies.values() for o in s.get("other_s", [])]
         return {"phases": out, "other_s": statistics.median(others) if others else None}
 
-    def summary(self) -> dict:
-        """What a study stores of the profile it started from: reproducible if the file changes later."""
-        prior = self.prior()
+    def summary(self, eager_decode: bool = False) -> dict:
+        """What a study of a job in this decode mode stores of the profile it started from: reproducible if the
+        file changes later."""
+        prior = self.prior(eager_decode)
         return {"id": self.kind.id, "kind": asdict(self.kind), "probes": self.probes, "studies": len(self.studies),
-                "phases": prior["phases"], "other_s": prior["other_s"]}
+                "decode": decode_mode(eager_decode), "phases": prior["phases"], "other_s": prior["other_s"]}
 
 
 def profile_dir() -> Path:
@@ -165,11 +186,11 @@ def record_study(kind: NodeKind, study_name: str, phases: dict[str, list[float]]
     return path
 
 
-def summary_for(kind: NodeKind, none_yet: str) -> dict:
-    """What a study (or an estimate) on this kind of node starts from: its profile's summary, or `none_yet` and the
-    kind (so that a study can leave its probes in the profile at its end)."""
+def summary_for(kind: NodeKind, none_yet: str, eager_decode: bool = False) -> dict:
+    """What a study (or an estimate) of a job in this decode mode on this kind of node starts from: its profile's
+    summary, or `none_yet` and the kind (so that a study can leave its probes in the profile at its end)."""
     profile = load_profile(kind)
-    summary = profile.summary() if profile is not None else None
+    summary = profile.summary(eager_decode) if profile is not None else None
     if summary and summary["phases"]:
         return summary
     return {"none": f"{none_yet} ({kind.describe()})", "id": kind.id, "kind": asdict(kind)}
@@ -189,5 +210,6 @@ def describe_summary(summary: dict | None) -> str:
     if summary.get("none"):
         return f"node profile: none ({summary['none']})"
     phases = ", ".join(f"{p} x{math.exp(v['log_mean']):.2f}" for p, v in sorted(summary["phases"].items()))
+    decode = f" (gen: rows of {summary['decode']} decoding, as this job's)" if summary.get("decode") else ""
     return (f"node profile {summary['id']}: {summary['probes']} measured probe(s) of {summary['studies']} earlier "
-            f"study(ies) on this kind of node; measured/predicted {phases or 'n/a'}")
+            f"study(ies) on this kind of node; measured/predicted {phases or 'n/a'}{decode}")

@@ -23,7 +23,7 @@ from autotune.search.learned import CorrectedModel, base_prediction
 from autotune.search.prescreen import MemoryGate
 from autotune.search.warmstart import predicted
 from autotune.spaces.candidate import Candidate
-from autotune.storage.node_profile import PROFILE_ATTR, NodeKind, load_profile, phase_factors
+from autotune.storage.node_profile import PROFILE_ATTR, NodeKind, NodeProfile, load_profile, phase_factors, profile_row
 from autotune.workload import Workload
 
 DOUBLE = Path(__file__).parents[1] / "backends" / "verl" / "verl_double"
@@ -90,6 +90,20 @@ def test_a_verl_study_leaves_its_probes_and_the_next_study_starts_from_them(tmp_
     assert with_profile != pytest.approx(predicted(second_cfg, cand, second_cfg.workload, MemoryGate()))
 
 
+def test_a_study_of_an_eager_job_leaves_its_gen_apart_from_a_cuda_graph_jobs(tmp_path, h200_node):
+    first_out, second_out, third_out = tmp_path / "first", tmp_path / "second", tmp_path / "third"
+    for out in (first_out, second_out, third_out):
+        out.mkdir()
+    eager = {"actor_rollout_ref.rollout.enforce_eager": "True"}
+    run_study(_cfg(first_out, trials=3, passthrough=eager), _runner())
+    assert load_profile(KIND).rows("gen@eager") and not load_profile(KIND).rows("gen")
+    graphs_job = run_study(_cfg(second_out, trials=1), _runner()).user_attrs[PROFILE_ATTR]
+    assert "gen" not in graphs_job["phases"] and "update_actor" in graphs_job["phases"]
+    assert graphs_job["decode"] == "CUDA graphs"
+    eager_job = run_study(_cfg(third_out, trials=1, passthrough=eager), _runner()).user_attrs[PROFILE_ATTR]
+    assert "gen" in eager_job["phases"] and eager_job["decode"] == "eager"
+
+
 def test_a_study_resumed_under_a_newer_time_model_leaves_its_rows_under_that_model(tmp_path, h200_node):
     # its probes are priced by the model that runs now (study_rows), so they belong to that revision's profile,
     # where the next study on this autotune looks; filed under the stored older revision, nobody would read them
@@ -134,8 +148,11 @@ def test_the_h200_profile_brings_another_studys_phases_within_reach(loop):
     url = f"sqlite:///{bench.SOURCE_DB}"
     study = optuna.load_study(study_name=optuna.get_all_study_summaries(url)[0].study_name, storage=url)
     rows, others, probes = node_prior.study_rows(study, bench.source_cfg(study, loop))
-    assert probes == 18 and all(len(rows[p]) == 18 for p in PHASES)
-    factor = {p: math.exp(statistics.median(r)) for p, r in rows.items()}
+    # the study's vLLM ran eager: its gen rows are kept apart for eager jobs, read back by one (the held-out probes)
+    assert probes == 18 and all(len(rows[profile_row(p, True)]) == 18 for p in PHASES) and "gen" not in rows
+    profile = NodeProfile(kind=KIND, studies={"s@1": {"phases": rows, "other_s": others, "probes": probes}})
+    factor = phase_factors(profile.summary(eager_decode=True))
+    assert set(factor) == set(PHASES) | {"update_weights"}
     without, with_profile = [], []
     for folder, trial in bench.HELD_OUT:
         m, workload, cand = study_row(folder, trial)

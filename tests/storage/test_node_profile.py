@@ -6,7 +6,7 @@ import math
 import pytest
 
 from autotune.storage.node_profile import (NodeKind, NodeProfile, attention_of, describe_summary, detect_kind,
-                                           load_profile, profile_path, record_study)
+                                           load_profile, profile_path, profile_row, record_study)
 
 H200 = NodeKind(gpu="H200", driver="580.159.04", torch="2.11.0+cu130", vllm="0.24.0", verl="0.9.1",
                 attention="sdpa", backend="verl")
@@ -22,7 +22,8 @@ def test_any_difference_in_the_node_kind_is_another_profile():
     from dataclasses import replace
 
     others = [replace(H200, verl="0.9.2"), replace(H200, attention="flash_attention_2"), replace(H200, vllm="0.25.0"),
-              replace(H200, driver="575.57.08"), replace(H200, backend="torch"), replace(H200, gpu="H100-80GB")]
+              replace(H200, driver="575.57.08"), replace(H200, backend="torch"), replace(H200, gpu="H100-80GB"),
+              replace(H200, rows="2026-01-01")]
     assert len({H200.id, *(k.id for k in others)}) == 1 + len(others)
     record_study(H200, "s@1", {"gen": [math.log(3.0)] * 2}, [0.7], 2)
     assert load_profile(H200) is not None
@@ -46,6 +47,22 @@ def test_a_study_is_recorded_reloaded_and_replaced_on_resume_not_counted_twice(p
     assert summary["id"] == H200.id and summary["studies"] == 2
     assert describe_summary(summary).startswith(f"node profile {H200.id}: 7 measured probe(s) of 2 earlier study")
     assert "gen x3.00" in describe_summary(summary)
+
+
+def test_an_eager_jobs_gen_rows_are_not_a_cuda_graph_jobs_prior_and_the_other_phases_are_shared(profile_dir):
+    # 2026-12-07, one H100: gen ran x0.64 of the model on an eager job (host-bound launches) and x0.98-1.23 on a
+    # job with CUDA graphs; the log-prob and update phases do not depend on the decode mode
+    eager = {profile_row("gen", True): [math.log(0.64)] * 4, profile_row("update_actor", True): [math.log(1.1)] * 4}
+    assert set(eager) == {"gen@eager", "update_actor"}
+    record_study(H200, "seed@1", eager, [0.6], 4)
+    graphs_job, eager_job = load_profile(H200).summary(False), load_profile(H200).summary(True)
+    assert set(graphs_job["phases"]) == {"update_actor"} and graphs_job["decode"] == "CUDA graphs"
+    assert math.exp(eager_job["phases"]["gen"]["log_mean"]) == pytest.approx(0.64)
+    assert eager_job["phases"]["update_actor"] == graphs_job["phases"]["update_actor"]
+    assert "as this job's" in describe_summary(graphs_job)
+    record_study(H200, "other@2", {"gen": [math.log(1.1)] * 2}, [], 2)  # a CUDA-graph job's rows
+    assert math.exp(load_profile(H200).summary(False)["phases"]["gen"]["log_mean"]) == pytest.approx(1.1)
+    assert math.exp(load_profile(H200).summary(True)["phases"]["gen"]["log_mean"]) == pytest.approx(0.64)
 
 
 def test_one_probe_is_not_a_profile_and_a_broken_file_is_none(profile_dir):
