@@ -173,7 +173,7 @@ def build_tune_config(args):
     """Validate everything the user gave, without touching storage."""
     from autotune.config import (TuneConfig, check_study_name, default_study_name, load_tune_yaml,
                                  with_budget)
-    from autotune.hardware import DEFAULT_GPU, detect_gpus, detect_host_mem_gib, get_gpu, match_device_name
+    from autotune.hardware import detect_gpus, detect_host_mem_gib
     from autotune.model_config import resolve_model
     from autotune.backends.select import choose_backend
     from autotune.search.driver import build_space
@@ -262,7 +262,7 @@ def choose_gpu(name: str | None, detected):
         return get_gpu(name, detected), f"given as {name}"
     if detected is not None and match_device_name(detected.device_name):
         return match_device_name(detected.device_name), f"detected: {detected.device_name}"
-    return get_gpu(DEFAULT_GPU), f"assumed, none detected; --gpu to change"
+    return get_gpu(DEFAULT_GPU), "assumed, none detected; --gpu to change"
 
 
 def first_line(model, gpu, gpu_how: str, gpus_per_node: int, nodes: int, workload, workload_from: str) -> str:

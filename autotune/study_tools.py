@@ -17,7 +17,7 @@ import os
 import socket
 from pathlib import Path
 
-from autotune.argtypes import nonempty_text, positive_int, seed_int, whole_int, writable_folder
+from autotune.argtypes import nonempty_text, positive_int, seed_int, writable_folder
 from autotune.errors import ConfigError
 
 DEFAULT_OUT = "autotune-out"

@@ -234,7 +234,6 @@ def test_install_hints_work_from_a_source_checkout():
 
 
 def test_the_export_names_the_package_a_chosen_knob_needs():
-    from autotune.hardware import get_gpu
     from autotune.models import get_model
     from autotune.spaces.candidate import Candidate
     from autotune.verl.export import export_header

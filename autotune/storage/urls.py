@@ -32,7 +32,7 @@ def check_storage_url(url: str) -> str:
     try:
         parsed = make_url(url)
         parsed.port  # SQLAlchemy converts it lazily: a port that is not a number raises ValueError here
-    except ValueError as exc:
+    except ValueError:
         raise ConfigError(f"--storage {redact(url)!r}: the port must be a number") from None
     except ArgumentError:
         raise ConfigError(f"--storage {redact(url)!r} is not a database URL (expected e.g. sqlite:///path/autotune.db "

@@ -1,6 +1,5 @@
 """Trials of dead tuners, claims between workers, the baseline's retry (issue 20 items 1-3)."""
 
-import json
 import socket
 import time
 from datetime import datetime, timedelta
@@ -15,7 +14,7 @@ from autotune.hardware import get_gpu
 from autotune.models import get_model
 from autotune.backends.base import get_runner
 from autotune.search import lease
-from autotune.search.driver import _STORAGES, enqueue_baseline, fail_dead_local_trials, open_study, run_study
+from autotune.search.driver import _STORAGES, enqueue_baseline, open_study, run_study
 from autotune.storage.records import baseline_record
 from autotune.storage.results import summary
 from autotune.workload import Workload

@@ -3,7 +3,6 @@
 The GPU is a TEST DOUBLE here (detect_kind returns a fixed H200 kind); the probes are the verl runner's, run by the
 step-switch double (tests/backends/verl/verl_double). The model terms are checked on committed real H200 rows."""
 
-import math
 import os
 import statistics
 import sys

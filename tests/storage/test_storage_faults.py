@@ -4,8 +4,6 @@ Nothing finished is lost; the run either rides it out or stops with one clear li
 import errno
 import os
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path

@@ -186,7 +186,6 @@ def test_run_from_a_script_measures_the_users_config_first(tuned):
 
 @pytest.mark.verl
 def test_workload_values_are_identical_before_and_after_tuning(tuned):
-    from autotune.errors import ConfigError
     from autotune.verl.compose import compose_exported, compose_overrides, select
 
     script, out, _ = tuned

@@ -9,7 +9,6 @@ validate_config and our rules agree on whether it starts. The defects the issue 
 from __future__ import annotations
 
 import hashlib
-import re
 from pathlib import Path
 
 import pytest

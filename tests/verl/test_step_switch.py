@@ -154,7 +154,6 @@ def test_the_entry_point_starts_as_a_user_runs_it(tmp_path):
     """`python -m` the entry point the runner launches, up to Hydra's composed config (`--cfg job` stops before
     Ray): the module imports, registers once and composes the probe's config with autotune's overrides."""
     import subprocess
-    import sys
 
     from autotune.backends.base import ProbeRequest
     from autotune.backends.verl.runner import STEP_SWITCH_ENTRY, probe_command

@@ -32,7 +32,7 @@ from autotune.errors import (
     ProbeTimeout,
 )
 from autotune.hardware import detect_gpus
-from autotune.models import ModelSpec, get_model
+from autotune.models import ModelSpec
 from autotune.backends.base import ProbePruned, ProbeRequest, ProbeResult, ProbeRunner, StepReporter
 from autotune.backends.process import ProcessOutcome, run_in_process_group
 from autotune.backends.select import knob_package_missing, knobs_held_off
