@@ -6,9 +6,16 @@ configuration timed again at the launch's end) show how far one step moves insid
 configuration (a confirmation of a leader, search/confirm.py) show how far a whole probe moves: a new launch, other
 clocks, another state of the node, which the steps of one probe share and cannot show (the same configuration moved
 18% inside one H200 launch and 25% between two H200s, 2026-12-03/05). Each is the pooled standard deviation of log
-tokens/s within a configuration; a score's noise is the larger of the two, and it shrinks with the probes behind
-the score, not with the steps inside one. The interval uses Student's t on the repeats' degrees of freedom: with
-one repeat it is honest and wide. A simulated study has no measurement noise (storage/results.py does not ask).
+tokens/s within a configuration; it shrinks with the probes behind a score, not with the steps inside one.
+
+One estimate of a probe's noise serves the search (its corrected model and its confirmation band) and the interval
+shown on a speedup (score_noise): the noise measured between probes pooled with a prior (UNMEASURED_PROBE_NOISE,
+worth PRIOR_DOF repeats), the conjugate normal / scaled-inverse-chi-squared update, so the interval is Student's t on
+the prior's and the repeats' degrees of freedom together; a noise measured only between the steps of one launch is
+a floor under the prior (a new launch moves more than a step). So every measured speedup has an interval, an assumed
+noise is said to be assumed, and one repeat neither hides the noise (one step's 3% taken as a probe's) nor blows
+it up (t at one degree of freedom is 12.7). A simulated study has no measurement noise (storage/results.py does not
+ask).
 """
 
 from __future__ import annotations
@@ -71,37 +78,51 @@ def measured_noise(recs: list[TrialRecord]) -> dict | None:
     return {"sigma_rel": sigma, "dof": dof, "between_probes": probes[1] > 0, "trials": repeated}
 
 
-def probe_sigma(noise: dict | None) -> float:
-    """The noise one probe's score carries, for the search (its corrected model and its confirmation band): the
-    measured noise between probes pooled with UNMEASURED_PROBE_NOISE worth PRIOR_DOF repeats; a noise measured only
-    between steps inside probes is a floor under the prior."""
+def score_noise(noise: dict | None) -> tuple[float, int]:
+    """(sigma, degrees of freedom) of one probe's score on this node: the search's noise and the interval's. The
+    noise measured between probes (measured_noise) pooled with UNMEASURED_PROBE_NOISE worth PRIOR_DOF repeats; a
+    noise measured only between steps inside probes is a floor under the prior and adds no degrees of freedom to it
+    (it says how far a step moves, not a launch)."""
     if noise is None:
-        return UNMEASURED_PROBE_NOISE
+        return UNMEASURED_PROBE_NOISE, PRIOR_DOF
     if not noise["between_probes"]:
-        return max(UNMEASURED_PROBE_NOISE, noise["sigma_rel"])
-    return math.sqrt((PRIOR_DOF * UNMEASURED_PROBE_NOISE ** 2 + noise["dof"] * noise["sigma_rel"] ** 2)
-                     / (PRIOR_DOF + noise["dof"]))
+        return max(UNMEASURED_PROBE_NOISE, noise["sigma_rel"]), PRIOR_DOF
+    dof = PRIOR_DOF + noise["dof"]
+    return math.sqrt((PRIOR_DOF * UNMEASURED_PROBE_NOISE ** 2 + noise["dof"] * noise["sigma_rel"] ** 2) / dof), dof
+
+
+def probe_sigma(noise: dict | None) -> float:
+    """The noise one probe's score carries, for the search (its corrected model and its confirmation band)."""
+    return score_noise(noise)[0]
 
 
 def speedup_interval(best: TrialRecord, base: TrialRecord, noise: dict | None) -> tuple[float, float] | None:
-    """The 95% interval of best/base given the probes behind each score and the study's measured noise."""
-    if noise is None or not best.tokens_per_s_per_gpu or not base.tokens_per_s_per_gpu:
+    """The 95% interval of best/base given the probes behind each score and the noise of one probe (score_noise);
+    None without both scores."""
+    if not best.tokens_per_s_per_gpu or not base.tokens_per_s_per_gpu:
         return None
-    half = t95(noise["dof"]) * noise["sigma_rel"] * math.sqrt(1 / probes_of(best) + 1 / probes_of(base))
+    sigma, dof = score_noise(noise)
+    half = t95(dof) * sigma * math.sqrt(1 / probes_of(best) + 1 / probes_of(base))
     ratio = best.tokens_per_s_per_gpu / base.tokens_per_s_per_gpu
     return ratio * math.exp(-half), ratio * math.exp(half)
 
 
 def describe(noise: dict | None, interval: list[float] | None, *, simulated: bool) -> str:
-    """The clause the summary adds to a speedup: its interval and where the noise came from, or why there is none."""
+    """The clause the summary adds to a speedup: its interval and where the noise behind it came from."""
     if simulated:
         return "simulated: no measurement noise"
+    sigma, _ = score_noise(noise)
+    prior = f"{100 * UNMEASURED_PROBE_NOISE:.0f}%"
+    text = f"{100 * LEVEL:.0f}% interval x{interval[0]:.2f}-x{interval[1]:.2f}, " if interval else ""
     if noise is None:
-        return ("noise not measured (nothing was timed twice; `probe: {timed_steps: 2}` or `search: {confirm: 2}` "
-                "measures it)")
-    text = (f"{100 * LEVEL:.0f}% interval x{interval[0]:.2f}-x{interval[1]:.2f}, " if interval else "")
-    where = "probes repeated" if noise["between_probes"] else "steps repeated inside a probe, a floor"
-    text += f"noise {100 * noise['sigma_rel']:.0f}% from {noise['dof']} repeat(s) ({where})"
+        text += (f"noise {prior} assumed (as between real probes; nothing was timed twice: `probe: {{timed_steps: 2}}` "
+                 "or `search: {confirm: 2}` measures it)")
+    elif not noise["between_probes"]:
+        text += (f"noise {100 * sigma:.0f}% ({100 * noise['sigma_rel']:.0f}% between steps inside a launch from "
+                 f"{noise['dof']} repeat(s), a floor under the {prior} assumed between launches)")
+    else:
+        text += (f"noise {100 * sigma:.0f}% ({100 * noise['sigma_rel']:.0f}% between probes from {noise['dof']} "
+                 f"repeat(s), pooled with the {prior} assumed, worth {PRIOR_DOF})")
     if interval and interval[0] <= 1.0:
         text += "; within the noise: not shown to be faster"
     return text

@@ -13,7 +13,7 @@ from autotune.hardware import get_gpu
 from autotune.models import model_from_identity
 from autotune.spaces.candidate import Candidate
 from autotune.storage.changes import changes_doc
-from autotune.storage.noise import measured_noise, speedup_interval
+from autotune.storage.noise import measured_noise, score_noise, speedup_interval
 from autotune.storage.tuning_cost import payback, planned_steps, tuning_cost
 from autotune.verl.engines import holds
 from autotune.verl.export import (edited_by_hand, export_header, model_engine, set_aside, verl_overrides,
@@ -85,11 +85,13 @@ def summary(study: optuna.Study, storage_url: str) -> dict:
         doc["speedup_vs_baseline"] = doc["best"]["tokens_per_s_per_gpu"] / doc["baseline"]["tokens_per_s_per_gpu"]
     if doc["best"] and default is not None and default.feasible_measurement:
         doc["speedup_vs_verl_default"] = doc["best"]["tokens_per_s_per_gpu"] / default.tokens_per_s_per_gpu
-    # a score's noise on this node from the study's own repeats, and the interval it puts on the speedup
+    # a score's noise on this node from the study's own repeats, and the interval it puts on the speedup (with the
+    # noise assumed where nothing was repeated: storage/noise.score_noise); the sim has no measurement noise
     doc["noise"] = None if doc["simulated"] else measured_noise(recs)
     if doc.get("speedup_vs_baseline"):
-        interval = speedup_interval(best[0], base, doc["noise"])
+        interval = None if doc["simulated"] else speedup_interval(best[0], base, doc["noise"])
         doc["speedup_vs_baseline_interval"] = [round(v, 4) for v in interval] if interval else None
+        doc["noise_per_probe"] = None if doc["simulated"] else dict(zip(("sigma_rel", "dof"), score_noise(doc["noise"])))
     # the results the exported one is tied with (storage/records.py TIE_FRACTION): it is the one with the most headroom
     ranked = best_records(study, k=len(recs))
     doc["tied_with_best"] = ([r.number for r in tied_with_fastest(sorted(ranked, key=lambda r: -ranking_score(r)))
