@@ -78,8 +78,13 @@ def one_search(job, truth, machine_seed: int, sigma: float, budget: int) -> str:
         else:
             cause = "posterior"
     top = "; ".join(f"{t:.3f}/{m:.3f}/{n}/{p:.3f}/#{num}" for t, m, n, p, num in rows[:5])
-    return (f"machine {machine_seed}: export #{chosen} true {values[-1] / opt:.3f}, best probed #{best[4]} "
-            f"{best[0]:.3f}; cause: {cause}\n  top 5 by truth (true/score/probes/posterior/trial): {top}")
+    mine = (f"export #{chosen} true {export[0]:.3f}, score {export[1]:.3f}, {export[2]} probe(s), posterior "
+            f"{export[3]:.3f}" if export else f"export #{chosen} true {values[-1] / opt:.3f}")
+    switch = max(rows, key=lambda row: row[3])
+    after = (f"; the posterior's best now #{switch[4]} (true {switch[0]:.3f})" if export and switch[4] != export[4]
+             else "")
+    return (f"machine {machine_seed}: {mine}; best probed #{best[4]} {best[0]:.3f}; cause: {cause}{after}\n"
+            f"  top 5 by truth (true/score/probes/posterior/trial): {top}")
 
 
 def main(argv: list[str] | None = None) -> int:
