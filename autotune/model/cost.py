@@ -224,7 +224,13 @@ def _parallel_comm_s(model: ModelSpec, gpu: GpuSpec, cand: Candidate, layout: Pa
     dp_s = 0.0
     if not forward_only:
         state = actor_state_bytes(model, cand, layout, workload)
-        dp_s = _collective_s(state.grads, dp, _link(gpu, layout.world_size, layout.gpus_per_node), k)
+        # at every optimizer step (each mini-batch of each epoch: verl's Megatron actor steps the optimizer per
+        # mini-batch, workers/actor/megatron_actor.py update_policy), Megatron's DDP reduce-scatters the accumulated
+        # gradients and its distributed optimizer (verl's default, megatron optim use_distributed_optimizer) all-gathers
+        # the updated bf16 parameters
+        steps = max(workload.train_batch_size // workload.ppo_mini_batch_size, 1) * workload.ppo_epochs
+        link = _link(gpu, layout.world_size, layout.gpus_per_node)
+        dp_s = (_collective_s(state.grads, dp, link, k) + _collective_s(state.weights, dp, link, k)) * steps
     return cp_s + dp_s, tp_s + ep_s
 
 
@@ -323,7 +329,7 @@ def _update_weights_s(model: ModelSpec, gpu: GpuSpec, cand: Candidate, layout: P
 
 # The time model's revision: a node profile holds residuals against one model, so a model that prices a new cause
 # starts new profiles (storage/node_profile.py NodeKind.model). Bump it with every change to phase times.
-MODEL_REVISION = "2026-12-06-eager-decode"
+MODEL_REVISION = "2026-12-07-megatron-step-sync"
 
 
 def logprob_loop_s(workload: Workload, cand: Candidate, layout: ParallelLayout, *, forward_only: bool,

@@ -191,3 +191,28 @@ def test_megatron_ref_offload_moves_a_bigger_shard_than_fsdp():
 
     # FSDP on 8 GPUs holds 1/8 of the ref per GPU; Megatron TP 1 PP 1 holds all of it
     assert ref_offload_extra_s(MEGATRON_7B) > 4 * ref_offload_extra_s(DEFAULT_7B)
+
+
+def test_megatron_syncs_gradients_and_parameters_at_every_optimizer_step():
+    """verl's Megatron actor steps the optimizer once per mini-batch (workers/actor/megatron_actor.py update_policy):
+    each step reduce-scatters the gradients over DP and all-gathers the updated bf16 parameters (the distributed
+    optimizer, verl's default). Before, the model paid one gradient sync per full-batch pass, whatever the number of
+    mini-batches. Here a DP group across 4 nodes, 4 optimizer steps against 1."""
+    from autotune.model.cost import _collective_s, _link, _parallel_comm_s
+    from autotune.model.memory import actor_state_bytes
+
+    cand = MEGATRON_7B.with_(actor_tp=8)
+    from dataclasses import replace
+
+    one, four = replace(WL, ppo_mini_batch_size=WL.train_batch_size), replace(WL, ppo_mini_batch_size=WL.train_batch_size // 4)
+    layout = ParallelLayout.of(cand, one, gpus_per_node=8, nodes=4)
+    hidden = {}
+    for name, wl in (("one", one), ("four", four)):
+        hidden[name], _ = _parallel_comm_s(Q7B, H200, cand, layout, workload=wl, n_micro=8, tok_micro=4096,
+                                           forward_only=False, k=DEFAULT_CONSTANTS)
+    state = actor_state_bytes(Q7B, cand, layout, one)
+    link = _link(H200, layout.world_size, layout.gpus_per_node)
+    per_step = _collective_s(state.grads, 4, link, DEFAULT_CONSTANTS) + _collective_s(state.weights, 4, link,
+                                                                                       DEFAULT_CONSTANTS)
+    assert layout.dp == 4 and per_step > 0
+    assert hidden["four"] - hidden["one"] == pytest.approx(3 * per_step)
