@@ -76,10 +76,15 @@ def study_id(study: optuna.Study, storage_url: str) -> str:
 
 
 def record_profile(study: optuna.Study, cfg: TuneConfig) -> Path | None:
-    """Leave this study's measured probes in its node kind's profile; the profile's file, or None (no kind, no
-    measured probe, or a folder that cannot be written)."""
+    """Leave this study's measured probes in its node kind's profile; the profile's file, or None (no kind, a node
+    of another kind than the study started on, no measured probe, or a folder that cannot be written)."""
     summary = study.user_attrs.get(PROFILE_ATTR) or {}
     if "kind" not in summary:
+        return None
+    # a study resumed on a node of another kind (a new driver, torch, vLLM or verl; another GPU is refused by the
+    # study's identity) holds probes of two kinds: none of them is filed under either
+    stored, here = NodeKind(**summary["kind"]), detect_kind(cfg.backend, cfg.passthrough)
+    if here is None or replace(here, model=stored.model, rows=stored.rows) != stored:
         return None
     phases, others, probes = study_rows(study, cfg)
     if not probes:

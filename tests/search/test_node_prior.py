@@ -116,6 +116,16 @@ def test_a_study_resumed_under_a_newer_time_model_leaves_its_rows_under_that_mod
     assert load_profile(replace(KIND, model="2026-01-01")) is None
 
 
+def test_a_study_resumed_on_a_node_of_another_kind_files_none_of_its_probes(tmp_path, h200_node, monkeypatch):
+    run_study(_cfg(tmp_path, trials=3), _runner())
+    before = load_profile(KIND).probes
+    upgraded = replace(KIND, driver="590.10")  # the same GPU after a driver upgrade: the study resumes
+    monkeypatch.setattr(node_prior, "detect_kind", lambda backend, passthrough: upgraded)
+    run_study(_cfg(tmp_path, trials=5), _runner())
+    assert load_profile(KIND).probes == before  # the new driver's probes are not the old kind's
+    assert load_profile(upgraded) is None  # nor are the old driver's the new kind's
+
+
 def test_a_sim_study_neither_uses_nor_leaves_a_profile(tmp_path, h200_node):
     from autotune.backends.base import get_runner
 
