@@ -27,6 +27,7 @@ from autotune.search.learned import Acquisition, CorrectedModel, Scored
 from autotune.search.prescreen import MemoryGate
 from autotune.spaces.candidate import Candidate
 from autotune.spaces.space import SearchSpace
+from autotune.storage.node_profile import PROFILE_ATTR
 from autotune.storage.records import TrialRecord, is_result
 from autotune.storage.tuning_cost import launch_overhead_s
 from autotune.verl.roles import separate_reference
@@ -76,8 +77,10 @@ def members(study: optuna.Study, cfg: TuneConfig, space: SearchSpace, lead: Cand
         ranked.sort(key=lambda s: s.score, reverse=True)
         return spread(ranked, lead, count, key=lambda s: s.score), None
     ranked.sort(key=improvement_per_step_s, reverse=True)
-    worth = worth_a_step(ranked, acq(lead, workload), launch_overhead_s([TrialRecord.of(t) for t in trials]),
-                         cfg.probe.timed_steps)
+    # what a launch costs: this study's launches, else what earlier studies on this kind of node paid (its profile)
+    overhead_s = (launch_overhead_s([TrialRecord.of(t) for t in trials])
+                  or (study.user_attrs.get(PROFILE_ATTR) or {}).get("launch_overhead_s"))
+    worth = worth_a_step(ranked, acq(lead, workload), overhead_s, cfg.probe.timed_steps)
     return spread(worth, lead, count, key=improvement_per_step_s), len(ranked) - len(worth)
 
 

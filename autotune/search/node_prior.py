@@ -24,7 +24,9 @@ from autotune.search.learned import base_prediction
 from autotune.spaces.candidate import Candidate
 from autotune.storage.node_profile import (PROFILE_ATTR, PROFILE_ROWS, NodeKind, detect_kind, profile_row,
                                            record_study, summary_for)
+from autotune.storage.records import records
 from autotune.storage.results import workload_of
+from autotune.storage.tuning_cost import launch_overhead_s
 from autotune.storage.urls import redact
 
 
@@ -89,8 +91,9 @@ def record_profile(study: optuna.Study, cfg: TuneConfig) -> Path | None:
     phases, others, probes = study_rows(study, cfg)
     if not probes:
         return None
+    overhead_s = launch_overhead_s(records(study))
     # study_rows prices every probe with this autotune's time model and keys it this autotune's way, so the rows
     # belong under its revision even when the study started under an older one (resumed after an upgrade); the
     # node's own fields are the study's
     kind = replace(NodeKind(**summary["kind"]), model=MODEL_REVISION, rows=PROFILE_ROWS)
-    return record_study(kind, study_id(study, cfg.storage_url), phases, others, probes)
+    return record_study(kind, study_id(study, cfg.storage_url), phases, others, probes, overhead_s)

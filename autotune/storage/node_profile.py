@@ -1,7 +1,8 @@
 """What studies learned about a kind of node, kept for the next study on the same kind (issue 29 item 4).
 
 A node profile holds, per GRPO phase, the log of measured over predicted seconds of every measured probe of every
-study run on one kind of node, and the step's seconds outside the timed phases. The kind is the key: GPU type,
+study run on one kind of node, the step's seconds outside the timed phases, and what a launch cost each study beyond
+its timed steps. The kind is the key: GPU type,
 NVIDIA driver, torch, vLLM and verl versions, the attention implementation, the probe backend and the time model's
 revision (model/cost.py MODEL_REVISION: the residuals are against it); any difference (a verl upgrade, flash-attention
 instead of SDPA, a model that prices a new cause) is another kind, so nothing is reused across it. Simulated
@@ -133,14 +134,17 @@ class NodeProfile:
             if len(rows) >= MIN_PROFILE_PROBES:
                 out[phase] = {"log_mean": statistics.median(rows), "log_sd": statistics.pstdev(rows), "n": len(rows)}
         others = [o for s in self.studies.values() for o in s.get("other_s", [])]
-        return {"phases": out, "other_s": statistics.median(others) if others else None}
+        launches = [s["launch_overhead_s"] for s in self.studies.values() if s.get("launch_overhead_s")]
+        return {"phases": out, "other_s": statistics.median(others) if others else None,
+                "launch_overhead_s": statistics.median(launches) if launches else None}
 
     def summary(self, eager_decode: bool = False) -> dict:
         """What a study of a job in this decode mode stores of the profile it started from: reproducible if the
         file changes later."""
         prior = self.prior(eager_decode)
         return {"id": self.kind.id, "kind": asdict(self.kind), "probes": self.probes, "studies": len(self.studies),
-                "decode": decode_mode(eager_decode), "phases": prior["phases"], "other_s": prior["other_s"]}
+                "decode": decode_mode(eager_decode), "phases": prior["phases"], "other_s": prior["other_s"],
+                "launch_overhead_s": prior["launch_overhead_s"]}
 
 
 def profile_dir() -> Path:
@@ -167,13 +171,15 @@ def load_profile(kind: NodeKind) -> NodeProfile | None:
 
 
 def record_study(kind: NodeKind, study_name: str, phases: dict[str, list[float]], other_s: list[float],
-                 probes: int) -> Path | None:
-    """Put one study's rows into its kind's profile (replacing what the same study put there before); None when
-    the profile folder cannot be written (the study goes on without it)."""
+                 probes: int, launch_overhead_s: float | None = None) -> Path | None:
+    """Put one study's rows into its kind's profile (replacing what the same study put there before), with what a
+    launch cost it beyond its timed steps (storage/tuning_cost.launch_overhead_s; start-up, warm-up, teardown); None
+    when the profile folder cannot be written (the study goes on without it)."""
     clean = {p: [float(r) for r in rows if math.isfinite(r)] for p, rows in phases.items()}
     profile = load_profile(kind) or NodeProfile(kind=kind)
     profile.studies[study_name] = {"phases": clean, "other_s": [float(o) for o in other_s], "probes": probes,
-                                   "when": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+                                   "when": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                                   **({"launch_overhead_s": float(launch_overhead_s)} if launch_overhead_s else {})}
     path = profile_path(kind)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -211,5 +217,7 @@ def describe_summary(summary: dict | None) -> str:
         return f"node profile: none ({summary['none']})"
     phases = ", ".join(f"{p} x{math.exp(v['log_mean']):.2f}" for p, v in sorted(summary["phases"].items()))
     decode = f" (gen: rows of {summary['decode']} decoding, as this job's)" if summary.get("decode") else ""
+    launch = (f"; a launch cost {summary['launch_overhead_s']:.0f} s beyond its timed steps (median of the studies)"
+              if summary.get("launch_overhead_s") else "")
     return (f"node profile {summary['id']}: {summary['probes']} measured probe(s) of {summary['studies']} earlier "
-            f"study(ies) on this kind of node; measured/predicted {phases or 'n/a'}{decode}")
+            f"study(ies) on this kind of node; measured/predicted {phases or 'n/a'}{decode}{launch}")

@@ -126,6 +126,33 @@ def test_a_study_resumed_on_a_node_of_another_kind_files_none_of_its_probes(tmp_
     assert load_profile(upgraded) is None  # nor are the old driver's the new kind's
 
 
+def test_the_h100_seed_study_leaves_what_a_launch_cost_it(tmp_path, monkeypatch):
+    """Real rows: the 2026-12-07 H100 study of run_tiny_grpo.sh (one shared launch of 4, 522 s of wall time, 5 timed
+    steps of 34-42 s) leaves its launch's cost beyond its timed steps (start-up 231 s, warm-up 85 s, teardown) in the
+    H100's profile, beside its per-phase rows; the next study's `show` and `estimate` say it."""
+    import shutil
+
+    from autotune.storage.node_profile import describe_summary, summary_for
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from node_profile_h200 import source_cfg
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    monkeypatch.setenv("AUTOTUNE_PROFILE_DIR", str(tmp_path / "profiles"))
+    db = tmp_path / "seed.db"
+    shutil.copy(BENCHMARKS / "results" / "h100-2026-12-07-verl-profile" / "seed_node" / "autotune.db", db)
+    url = f"sqlite:///{db}"
+    study = optuna.load_study(study_name=optuna.get_all_study_summaries(url)[0].study_name, storage=url)
+    kind = NodeKind(**study.user_attrs[PROFILE_ATTR]["kind"])
+    assert kind.gpu == "H100-80GB"
+    monkeypatch.setattr(node_prior, "detect_kind", lambda backend, passthrough: kind)  # TEST DOUBLE: this is that H100
+    assert node_prior.record_profile(study, source_cfg(study, loop=True, db=db)) is not None
+    summary = summary_for(replace(kind, model=node_prior.MODEL_REVISION), "none", eager_decode=True)
+    assert 250 < summary["launch_overhead_s"] < 400 and summary["probes"] == 4
+    assert "a launch cost" in describe_summary(summary)
+
+
 def test_a_sim_study_neither_uses_nor_leaves_a_profile(tmp_path, h200_node):
     from autotune.backends.base import get_runner
 

@@ -65,6 +65,15 @@ def test_an_eager_jobs_gen_rows_are_not_a_cuda_graph_jobs_prior_and_the_other_ph
     assert math.exp(load_profile(H200).summary(True)["phases"]["gen"]["log_mean"]) == pytest.approx(0.64)
 
 
+def test_what_a_launch_cost_is_kept_per_study_and_its_median_is_the_profiles(profile_dir):
+    record_study(H200, "a@1", {"gen": [0.0, 0.1]}, [], 2, launch_overhead_s=330.0)
+    record_study(H200, "b@2", {"gen": [0.0, 0.1]}, [], 2, launch_overhead_s=290.0)
+    record_study(H200, "c@3", {"gen": [0.0, 0.1]}, [], 2)  # a study whose launches measured no cost
+    summary = load_profile(H200).summary()
+    assert summary["launch_overhead_s"] == pytest.approx(310.0)
+    assert "a launch cost 310 s beyond its timed steps" in describe_summary(summary)
+
+
 def test_one_probe_is_not_a_profile_and_a_broken_file_is_none(profile_dir):
     record_study(H200, "s@1", {"gen": [1.0]}, [], 1)
     assert load_profile(H200).prior()["phases"] == {}  # one configuration's residual is not the node's
