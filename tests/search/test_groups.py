@@ -179,3 +179,26 @@ def test_after_the_first_launch_the_members_are_weighed_by_gpu_time(tmp_path):
         lead = min(trials, key=lambda t: t.number)
         assert lead.user_attrs[NOT_WORTH_ATTR] >= 0
         assert all(t.user_attrs.get(GROUP_ATTR) == lead.number for t in trials if t is not lead)
+
+
+def test_a_study_with_no_launch_cost_of_its_own_weighs_members_against_its_node_profiles(tmp_path, monkeypatch):
+    """Where the study's own launches have not measured what a launch costs (here: none ever does), the cost its node
+    profile holds (storage/node_profile.py, what earlier studies on the node paid) weighs the members instead. A
+    launch that costs next to nothing buys improvement faster than any extra step: members are left out."""
+    from autotune.search import groups
+    from autotune.storage.node_profile import PROFILE_ATTR
+
+    monkeypatch.setattr(groups, "launch_overhead_s", lambda recs: None)
+
+    def not_worth(out: Path, profile: dict | None) -> list[int]:
+        cfg = _cfg(out, trials=16, probe=ProbeBudget(configs_per_launch=6))
+        if profile is not None:  # the profile the study starts from, as search/node_prior.start_profile stores it
+            open_study(cfg).set_user_attr(PROFILE_ATTR, profile)
+        study = run_study(cfg, get_runner("sim"))
+        return [t.user_attrs[NOT_WORTH_ATTR] for t in study.trials if NOT_WORTH_ATTR in t.user_attrs]
+
+    (tmp_path / "none").mkdir()
+    (tmp_path / "cheap").mkdir()
+    without = not_worth(tmp_path / "none", None)
+    assert without and not any(without)
+    assert any(not_worth(tmp_path / "cheap", {"phases": {}, "launch_overhead_s": 0.001}))
