@@ -15,7 +15,6 @@ and the trial number; then the export, and a cause for each search whose export 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -40,19 +39,7 @@ def one_search(job, truth, machine_seed: int, sigma: float, budget: int) -> str:
     opt = exact_optimum(exact.model, exact.gpu, job.workload, space, gpus_per_node=job.gpus_per_node,
                         nodes=job.nodes, evaluator=exact.ev).tokens_per_s_per_gpu
     machine = Machine(job, truth, machine_seed, run_seed=machine_seed, probe_sigma=sigma)
-    seen = {}
-    original = er.run_study
-
-    def keep(cfg, runner):  # the study and its configuration, for the posterior at the end
-        seen["cfg"], seen["study"] = cfg, original(cfg, runner)
-        return seen["study"]
-
-    er.run_study = keep
-    try:
-        values, *_ = er.autotune_exports(machine, budget, SearchOptions())
-    finally:
-        er.run_study = original
-    study, cfg = seen["study"], seen["cfg"]
+    study, cfg = er.search_study(machine, budget, SearchOptions())
     trials = study.get_trials(deepcopy=False)
     post = posterior.scores(trials, cfg, CorrectedModel.from_trials(trials, cfg, study))
     rows, verified = [], False
@@ -79,7 +66,7 @@ def one_search(job, truth, machine_seed: int, sigma: float, budget: int) -> str:
             cause = "posterior"
     top = "; ".join(f"{t:.3f}/{m:.3f}/{n}/{p:.3f}/#{num}" for t, m, n, p, num in rows[:5])
     mine = (f"export #{chosen} true {export[0]:.3f}, score {export[1]:.3f}, {export[2]} probe(s), posterior "
-            f"{export[3]:.3f}" if export else f"export #{chosen} true {values[-1] / opt:.3f}")
+            f"{export[3]:.3f}" if export else f"export #{chosen}")
     switch = max(rows, key=lambda row: row[3])
     after = (f"; the posterior's best now #{switch[4]} (true {switch[0]:.3f})" if export and switch[4] != export[4]
              else "")
@@ -88,13 +75,8 @@ def one_search(job, truth, machine_seed: int, sigma: float, budget: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--job", default="qwen2.5-7b-x8", choices=sorted(se.JOB_BY_NAME))
-    parser.add_argument("--truth", default="layout_sigma0.15", choices=sorted(TRUTH_BY_NAME))
-    parser.add_argument("--machines", type=int, default=10)
-    parser.add_argument("--machine-offset", type=int, default=60)
+    parser = er.machine_arguments(__doc__.splitlines()[0])
     parser.add_argument("--sigma", type=float, default=0.1)
-    parser.add_argument("--budget", type=int, default=40)
     args = parser.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     job, truth = se.JOB_BY_NAME[args.job], TRUTH_BY_NAME[args.truth]

@@ -47,10 +47,8 @@ METHODS = ("autotune", "autotune_no_verify", "autotune_no_confirm", "autotune_co
 CHECK_AT = (15, 40)
 
 
-def autotune_exports(machine: Machine, budget: int, search: SearchOptions) -> tuple[list[float], float, float, float]:
-    """The true value of the export after each launched probe; measured/true and posterior/true of the final export
-    (the posterior: its throughput under the corrected model, which the export is ranked by); and the true value of
-    the best configuration probed (what an export that knew the truth would take: the search's share of the regret)."""
+def search_study(machine: Machine, budget: int, search: SearchOptions) -> tuple[optuna.Study, TuneConfig]:
+    """autotune's search on this machine with `budget` launched probes, in memory: the study and its configuration."""
     job = machine.job
     cfg = TuneConfig(model=machine.model, gpu=machine.gpu, gpus_per_node=job.gpus_per_node, nodes=job.nodes,
                      backend="sim", trials=100_000, storage_url="sqlite:///:memory:", study_name="bench",
@@ -59,9 +57,17 @@ def autotune_exports(machine: Machine, budget: int, search: SearchOptions) -> tu
                      budget=Budget(probes=budget))
     original, driver.open_storage = driver.open_storage, se._in_memory_storage
     try:
-        study = run_study(cfg, machine.runner)
+        return run_study(cfg, machine.runner), cfg
     finally:
         driver.open_storage = original
+
+
+def autotune_exports(machine: Machine, budget: int, search: SearchOptions) -> tuple[list[float], float, float, float]:
+    """The true value of the export after each launched probe; measured/true and posterior/true of the final export
+    (the posterior: its throughput under the corrected model, which the export is ranked by); and the true value of
+    the best configuration probed (what an export that knew the truth would take: the search's share of the regret)."""
+    job = machine.job
+    study, cfg = search_study(machine, budget, search)
     trials = study.get_trials(deepcopy=False)
     base = baseline_record(study)
     base_params = (base.user_attrs.get("candidate") or base.params) if base else {}
@@ -137,13 +143,19 @@ def _known(runs: list[dict], key: str) -> list[float]:
     return [r[key] for r in runs if not math.isnan(r.get(key, math.nan))]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def machine_arguments(description: str) -> argparse.ArgumentParser:
+    """The job, truth, machines and probe budget of a search benchmark on the truth machines."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--job", default="qwen2.5-7b-x8", choices=list(se.JOB_BY_NAME))
     parser.add_argument("--truth", default="layout_sigma0.15", choices=list(TRUTH_BY_NAME))
     parser.add_argument("--machines", type=int, default=10)
     parser.add_argument("--machine-offset", type=int, default=60)
     parser.add_argument("--budget", type=int, default=40)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = machine_arguments(__doc__.splitlines()[0])
     parser.add_argument("--sigma", type=float, nargs="*", default=[0.0, 0.1])
     parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=METHODS)
     parser.add_argument("--workers", type=int, default=1)

@@ -95,5 +95,5 @@ def record_profile(study: optuna.Study, cfg: TuneConfig) -> Path | None:
     # study_rows prices every probe with this autotune's time model and keys it this autotune's way, so the rows
     # belong under its revision even when the study started under an older one (resumed after an upgrade); the
     # node's own fields are the study's
-    kind = replace(NodeKind(**summary["kind"]), model=MODEL_REVISION, rows=PROFILE_ROWS)
+    kind = replace(stored, model=MODEL_REVISION, rows=PROFILE_ROWS)
     return record_study(kind, study_id(study, cfg.storage_url), phases, others, probes, overhead_s)
