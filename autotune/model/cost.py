@@ -224,10 +224,10 @@ def _parallel_comm_s(model: ModelSpec, gpu: GpuSpec, cand: Candidate, layout: Pa
     dp_s = 0.0
     if not forward_only:
         state = actor_state_bytes(model, cand, layout, workload)
-        # at every optimizer step (each mini-batch of each epoch: verl's Megatron actor steps the optimizer per
-        # mini-batch, workers/actor/megatron_actor.py update_policy), Megatron's DDP reduce-scatters the accumulated
-        # gradients and its distributed optimizer (verl's default, megatron optim use_distributed_optimizer) all-gathers
-        # the updated bf16 parameters
+        # at every optimizer step (each mini-batch of each epoch: verl 0.9.1's train_mini_batch loops over them,
+        # workers/engine_workers.py:287-314, and each train_batch steps the optimizer, workers/engine/base.py:113-128),
+        # Megatron's DDP reduce-scatters the accumulated gradients and its distributed optimizer (verl's default,
+        # megatron optim use_distributed_optimizer) all-gathers the updated bf16 parameters
         steps = max(workload.train_batch_size // workload.ppo_mini_batch_size, 1) * workload.ppo_epochs
         link = _link(gpu, layout.world_size, layout.gpus_per_node)
         dp_s = (_collective_s(state.grads, dp, link, k) + _collective_s(state.weights, dp, link, k)) * steps

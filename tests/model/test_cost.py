@@ -194,7 +194,7 @@ def test_megatron_ref_offload_moves_a_bigger_shard_than_fsdp():
 
 
 def test_megatron_syncs_gradients_and_parameters_at_every_optimizer_step():
-    """verl's Megatron actor steps the optimizer once per mini-batch (workers/actor/megatron_actor.py update_policy):
+    """verl 0.9.1 steps the optimizer once per mini-batch (workers/engine_workers.py:287-314, engine/base.py:128):
     each step reduce-scatters the gradients over DP and all-gathers the updated bf16 parameters (the distributed
     optimizer, verl's default). Before, the model paid one gradient sync per full-batch pass, whatever the number of
     mini-batches. Here a DP group across 4 nodes, 4 optimizer steps against 1."""
