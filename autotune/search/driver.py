@@ -538,7 +538,7 @@ def prepare_trial(ctx: StudyContext, study: optuna.Study,
         fit = known_fit(params, study) if cfg.search.boundaries else None
         reason = (f"predicted OOM before launch: {mem.peak_gib:.1f} GiB in {mem.worst_phase} of "
                   f"{mem.capacity_gib:.1f} GiB" + ("" if mem.kv_cache_fits else " (no room for the KV cache)")
-                  + f" (gate: ratio {ratio:.2f} > {1 + gate.margin:.2f})")
+                  + f" (gate: {gate.describe(ratio)})")
         if fit is None and not users_job:
             reject_memory(study, trial, max(mem.over_gib, (ratio - 1 - gate.margin) * mem.capacity_gib), reason)
             return None

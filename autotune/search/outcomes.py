@@ -81,8 +81,11 @@ def record_outcome(study: optuna.Study, trial: optuna.Trial, ratio: float, *, re
     else:
         record_result(trial, result)
         # a simulator that ran the user's job past its own OOM prediction (backends/sim.py) measured nothing: the
-        # gate learns from real fits only, such as a measured job that the model called OOM
-        if "predicted_oom" not in result.extra and gate.learn(ratio, measured_oom=False):
+        # gate learns from real fits only, such as a measured job that the model called OOM, or one that fitted
+        # above its predicted peak
+        predicted_gib = trial.user_attrs.get("predicted_peak_gib")
+        over = result.peak_mem_gib / predicted_gib if result.peak_mem_gib and predicted_gib else None
+        if "predicted_oom" not in result.extra and gate.learn(ratio, measured_oom=False, measured_over_predicted=over):
             gate.save(study)
             if trial.user_attrs.get("predicted_oom"):
                 trial.set_user_attr("gate_learned", f"it ran: the memory gate now admits ratio up to "

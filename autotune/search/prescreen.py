@@ -4,6 +4,11 @@ Memory pre-screen: the model's predicted peak over capacity (`ratio`) is compare
 The margin starts from the model's calibration (its worst under-prediction on the H200 rows was 3.4%,
 docs/model.md, so 4% of headroom) and adapts when a measured probe contradicts the model: an OOM at a
 ratio the gate let through tightens it below that ratio; a fit above ratio 1 loosens it past that ratio.
+A probe that fits but peaks above its prediction is a near miss the gate learns from as well: every ratio is
+scaled by the largest measured/predicted peak of a fit in the study before it is compared (real verl on an
+H100 peaked at 76.2 GiB where the model said 68.6, x1.11, with log-prob micro-batches of 32; on the H200 131.4
+GiB for 114.6, x1.15, with 64: benchmarks/verl_h200/README.md), so that the next candidate the model puts at
+95% is not launched into an OOM that costs a launch's start-up.
 
 OOM boundaries: for a fixed parallel layout and fixed flags, memory grows monotonically with the
 micro-batch sizes, token budgets, gpu_memory_utilization, max_num_seqs and max_num_batched_tokens. A
@@ -15,6 +20,7 @@ never as measurements.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -22,6 +28,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.model.memory import MemoryEstimate
+from autotune.storage.records import MAX_UNDER, measured_under_prediction
 
 # Memory is non-decreasing in each of these knobs, everything else fixed: knob -> the phases whose memory it drives.
 MONOTONE_UP: dict[str, tuple[str, ...]] = {
@@ -54,25 +61,40 @@ def memory_ratio(mem: MemoryEstimate) -> float:
 @dataclass
 class MemoryGate:
     margin: float = INITIAL_MARGIN
+    under: float = 1.0  # the largest measured/predicted peak of a probe that fitted in this study (1: none above)
+
+    def need(self, ratio: float) -> float:
+        """The predicted ratio scaled by the model's worst under-prediction measured in this study."""
+        return ratio * self.under
 
     def admits(self, ratio: float) -> bool:
-        return ratio <= 1.0 + self.margin
+        return self.need(ratio) <= 1.0 + self.margin
 
-    def learn(self, ratio: float, *, measured_oom: bool) -> bool:
-        """Update the margin from a measured outcome; True when it changed."""
-        before = self.margin
-        if measured_oom and ratio <= 1.0 + self.margin:
-            self.margin = ratio - 1.0 - MARGIN_STEP
-        elif not measured_oom and ratio > 1.0 + self.margin - MARGIN_STEP and ratio > 1.0:
-            self.margin = max(self.margin, ratio - 1.0 + MARGIN_STEP)
-        return self.margin != before
+    def learn(self, ratio: float, *, measured_oom: bool, measured_over_predicted: float | None = None) -> bool:
+        """Update the gate from a measured outcome (`measured_over_predicted`: a fit's measured peak over its
+        predicted one); True when it changed."""
+        before = (self.margin, self.under)
+        if not measured_oom and measured_over_predicted is not None and math.isfinite(measured_over_predicted):
+            self.under = max(self.under, min(measured_over_predicted, MAX_UNDER))
+        need = self.need(ratio)
+        if measured_oom and need <= 1.0 + self.margin:
+            self.margin = need - 1.0 - MARGIN_STEP
+        elif not measured_oom and need > 1.0 + self.margin - MARGIN_STEP and need > 1.0:
+            self.margin = max(self.margin, need - 1.0 + MARGIN_STEP)
+        return (self.margin, self.under) != before
+
+    def describe(self, ratio: float) -> str:
+        """The comparison that gated `ratio`, for a rejection's reason."""
+        scaled = f" x {self.under:.2f} measured under-prediction" if self.under > 1.0 else ""
+        return f"ratio {ratio:.2f}{scaled} > {1 + self.margin:.2f}"
 
     @classmethod
     def of(cls, study: optuna.Study) -> "MemoryGate":
-        return cls(margin=study.user_attrs.get(MARGIN_ATTR, INITIAL_MARGIN))
+        return cls(margin=study.user_attrs.get(MARGIN_ATTR, INITIAL_MARGIN), under=measured_under_prediction(study))
 
     def save(self, study: optuna.Study) -> None:
         study.set_user_attr(MARGIN_ATTR, self.margin)
+
 
 
 def _key(params: Mapping, names: Iterable[str] | None = None, exclude: Iterable[str] = ()) -> tuple:

@@ -242,3 +242,21 @@ def verl_default_record(study: optuna.Study) -> TrialRecord | None:
         if t.user_attrs.get("verl_default") and t.state.is_finished():
             return TrialRecord.of(t)
     return None
+
+
+# one reading no larger correction comes from: a peak sampled over more than the probe's own steps (a shared launch's
+# whole span, fixed in backends/verl/shared_launch.sample_spans) read 2.2x; beyond this an OOM teaches the margin
+MAX_UNDER = 1.25
+
+
+def measured_under_prediction(study: optuna.Study) -> float:
+    """The largest measured/predicted peak of a probe that fitted in the study, at most MAX_UNDER; 1 when none
+    peaked above its prediction. Read from the stored trials, so a study resumed from before this rule learns too."""
+    worst = 1.0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        ua = t.user_attrs
+        peak_gib, predicted_gib = ua.get("peak_mem_gib"), ua.get("predicted_peak_gib")
+        if ua.get("state") in ("measured", "simulated", "pruned") and peak_gib and predicted_gib \
+                and "predicted_oom" not in ua:
+            worst = max(worst, min(peak_gib / predicted_gib, MAX_UNDER))
+    return worst

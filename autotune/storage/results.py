@@ -20,7 +20,7 @@ from autotune.verl.export import (edited_by_hand, export_header, model_engine, s
                                   write_best_yaml)
 from autotune.storage.records import (POSTERIOR_ATTR, TIE_FRACTION, TrialRecord, baseline_label, baseline_record,
                                       best_records, pareto_front, ranking_score, records, tied_with_fastest,
-                                      verl_default_record)
+                                      measured_under_prediction, verl_default_record)
 from autotune.storage.urls import redact
 from autotune.workload import Workload
 
@@ -62,6 +62,8 @@ def summary(study: optuna.Study, storage_url: str) -> dict:
         "trials_inferred_oom": sum(r.state == "inferred_oom" for r in recs),
         "probes_launched": sum(bool(r.user_attrs.get("launched")) for r in recs),
         "prescreen_margin": study.user_attrs.get("prescreen_margin"),
+        # the largest measured/predicted peak of a probe that fitted: the memory gate scales predictions by it
+        "memory_under_prediction": measured_under_prediction(study),
         "stopped_by": study.user_attrs.get("stopped_by"),
         "objective": identity.get("objective", "throughput"),
         "trials_pruned": sum(r.optuna_state == "PRUNED" for r in recs),

@@ -315,3 +315,31 @@ def test_the_users_job_is_launched_when_the_model_predicts_it_ooms_and_corrects_
     # verl's default of the same study is no evidence: it is still gated (no room for its KV cache)
     default = next(t for t in study.trials if t.user_attrs.get("verl_default"))
     assert default.user_attrs["state"] == "rejected" and "predicted OOM" in default.user_attrs["reason"]
+
+
+class _HungrierMachine(SimRunner):
+    """TEST DOUBLE machine whose every probe peaks 1.12x the model's prediction (real verl on an H100 peaked 1.11x
+    it) and runs out of memory where that passes the card; it plays a measuring backend."""
+
+    def probe(self, request, report):
+        from autotune.errors import ProbeOOM
+
+        result = super().probe(request, report)
+        peak_gib = result.peak_mem_gib * 1.12
+        if peak_gib > request.gpu.mem_gib:
+            raise ProbeOOM(f"CUDA out of memory: {peak_gib:.1f} GiB", phase="update_actor",
+                           over_gib=peak_gib - request.gpu.mem_gib, peak_mem_gib=peak_gib)
+        return replace(result, peak_mem_gib=peak_gib)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_fit_that_peaked_above_the_model_keeps_the_next_near_capacity_candidates_from_an_oom(tmp_path, seed):
+    """Before the gate learned from fits that peaked above their prediction, these studies launched 2-3 OOMs each
+    (the margin moved only after one): each a launch's start-up spent on nothing."""
+    from autotune.search.prescreen import measured_under_prediction
+
+    study = run_study(_cfg(tmp_path, trials=30, seed=seed, search=SearchOptions(confirm=0)), _HungrierMachine())
+    assert measured_under_prediction(study) == pytest.approx(1.12)
+    assert not [t.number for t in study.trials if t.user_attrs.get("state") == "oom"]
+    gated = [t for t in study.trials if "under-prediction" in (t.user_attrs.get("reason") or "")]
+    assert gated, "candidates the model alone would have launched are kept back, and their reason says why"

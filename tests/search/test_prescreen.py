@@ -1,10 +1,14 @@
 import optuna
 import pytest
 
-from autotune.search.prescreen import (INITIAL_MARGIN, MemoryGate, dominated_by_fit, dominates_oom, inferred_oom,
-                                       known_fit, memory_ratio)
+from pathlib import Path
+
+from autotune.search.prescreen import (INITIAL_MARGIN, MAX_UNDER, MemoryGate, dominated_by_fit, dominates_oom,
+                                       inferred_oom, known_fit, memory_ratio)
 from autotune.spaces.candidate import Candidate
 
+H100_SEED_DB = (Path(__file__).parents[2] / "benchmarks" / "results" / "h100-2026-12-07-verl-profile" / "seed_node"
+                / "autotune.db")
 BASE = Candidate(ppo_micro_batch_size_per_gpu=8, log_prob_micro_batch_size_per_gpu=16, gpu_memory_utilization=0.5).as_params()
 
 
@@ -82,3 +86,32 @@ def test_memory_ratio_folds_in_a_kv_shortfall():
     assert memory_ratio(mem) == pytest.approx(1.1)
     mem.kv_cache_gib = 20.0
     assert memory_ratio(mem) == pytest.approx(0.5)
+
+
+def test_a_fit_that_peaked_above_its_prediction_tightens_the_gate_for_what_comes_near_capacity():
+    gate = MemoryGate()
+    assert gate.admits(0.95)
+    assert gate.learn(0.86, measured_oom=False, measured_over_predicted=1.11)  # H100: 76.2 GiB measured for 68.6
+    assert gate.under == pytest.approx(1.11) and not gate.admits(0.95) and gate.admits(0.86)
+    assert "x 1.11 measured under-prediction" in gate.describe(0.95)
+    assert not gate.learn(0.5, measured_oom=False, measured_over_predicted=0.9), "an over-prediction loosens nothing"
+    assert gate.learn(0.5, measured_oom=False, measured_over_predicted=3.0) and gate.under == MAX_UNDER
+
+
+def test_the_gate_learned_from_the_h100_seed_studys_real_peaks_keeps_a_probe_the_model_put_at_96_percent_back():
+    """The committed H100 study (real verl, 2026-12-07): its probes peaked up to 1.11x the model's prediction, and
+    a lead the model put at 76.2 of 79.6 GiB (ratio 0.957, admitted before) would have been launched into an OOM."""
+    study = optuna.load_study(study_name="qwen2.5-1.5b-1x1-verl", storage=f"sqlite:///{H100_SEED_DB}")
+    gate = MemoryGate()
+    for t in study.trials:
+        ua = t.user_attrs
+        if ua.get("state") == "measured":
+            gate.learn(ua["predicted_memory_ratio"], measured_oom=False,
+                       measured_over_predicted=ua["peak_mem_gib"] / ua["predicted_peak_gib"])
+    assert 1.10 < gate.under < 1.12
+    assert not gate.admits(0.957)
+    assert gate.admits(study.trials[0].user_attrs["predicted_memory_ratio"]), "the job (59.6 GiB) is far from it"
+    # the micro-batch-32 probes themselves peaked at 76.2-76.5 GiB, 96% of the card: the gate's edge, where only a
+    # measured fit (the OOM boundaries' known_fit) lets a configuration through
+    edge = study.trials[2].user_attrs
+    assert edge["peak_mem_gib"] / 79.6 > 0.96 and not gate.admits(edge["predicted_memory_ratio"])
