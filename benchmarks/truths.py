@@ -41,7 +41,7 @@ from autotune.model.calibration import DEFAULT_CONSTANTS, ModelConstants
 from autotune.model.cost import estimate_step_time
 from autotune.model.memory import (estimate_memory, tokens_per_micro_batch,
                                         vllm_kv_cache_bytes)
-from autotune.backends.sim import SIMULATED_STARTUP_S
+from autotune.backends.sim import SIMULATED_STARTUP_S, simulated_group
 from autotune.spaces.candidate import Candidate
 from autotune.verl.rules import check
 from autotune.spaces.layout import ParallelLayout
@@ -175,12 +175,26 @@ class TruthRunner(ProbeRunner):
     simulated = True
     deterministic = False  # a probe of the same configuration again draws new noise: confirmation applies
 
-    def __init__(self, evaluator: TruthEvaluator, seed: int, probe_sigma: float = 0.0) -> None:
+    def __init__(self, evaluator: TruthEvaluator, seed: int, probe_sigma: float = 0.0, share: bool = False) -> None:
         self.ev = evaluator
         self._rng = random.Random(seed)
         # one log-normal factor per probe on all its steps (issue 34: the same configuration on two H200s, 25%): what
         # a repeat inside one probe does not see
         self.probe_sigma = probe_sigma
+        # launches that measure several configurations, as verl's do (benchmarks/launch_size.py): one start-up and
+        # one noise factor for all of a launch's members (what the launch's node and processes add)
+        self.share = share
+        self._launch_slow: float | None = None
+
+    def can_share(self, request: ProbeRequest) -> bool:
+        return self.share
+
+    def probe_group(self, requests: list[ProbeRequest], reports: list) -> list:
+        self._launch_slow = math.exp(self._rng.gauss(0.0, self.probe_sigma)) if self.probe_sigma else 1.0
+        try:
+            return simulated_group(self, requests, reports)
+        finally:
+            self._launch_slow = None
 
     def probe(self, request: ProbeRequest, report) -> ProbeResult:
         _, mem, step = self.ev(request.candidate)
@@ -193,7 +207,8 @@ class TruthRunner(ProbeRunner):
         world = request.n_gpus * request.nodes
         fixed_s = step.step_s - sum(step.phase_s.values())
         series, phases, steps = [], [], []
-        slow = math.exp(self._rng.gauss(0.0, self.probe_sigma)) if self.probe_sigma else 1.0
+        slow = (self._launch_slow if self._launch_slow is not None
+                else math.exp(self._rng.gauss(0.0, self.probe_sigma)) if self.probe_sigma else 1.0)
         for i in range(1, request.warmup_steps + request.timed_steps + 1):
             phase = {p: s * slow * max(self._rng.gauss(1.0, NOISE_REL), 0.5) for p, s in step.phase_s.items()}
             step_s = fixed_s + sum(phase.values())

@@ -101,37 +101,42 @@ class SimRunner(ProbeRunner):
         return True
 
     def probe_group(self, requests: list[ProbeRequest], reports: list[StepReporter]) -> list:
-        """A simulated shared launch (backends/verl/shared_launch.py does it for real): one start-up, the first
-        configuration's warm-up, then each one's timed steps; an OOM ends the launch and the rest start again. The
-        launch's simulated wall time is shared among the configurations it decided, as a real one's is."""
-        outcomes: list = [None] * len(requests)
-        pending = list(range(len(requests)))
-        while pending:
-            wall_s, decided, stages = SIMULATED_STARTUP_S, [], {"ready_to_fit": SIMULATED_STARTUP_S}
-            launch = {"trials": [requests[j].trial_number for j in pending], "simulated": True}
-            for position, i in enumerate(pending):
-                request = requests[i] if position == 0 else replace(requests[i], warmup_steps=0)
-                decided.append(i)
-                try:
-                    result = self.probe(request, _progress_only(reports[i]))
-                except ProbeOOM as exc:
-                    outcomes[i] = exc
-                    break
-                outcomes[i] = result
-                for _ in range(request.warmup_steps):
-                    wall_s += SIMULATED_WARMUP_FACTOR * result.step_s
-                    stages[f"step{len(stages)}"] = round(wall_s, 2)
-                for _ in range(request.timed_steps):
-                    wall_s += result.step_s
-                    stages[f"step{len(stages)}"] = round(wall_s, 2)
-                result.extra["launch"] = {**launch, "index": position}
-            stages["end"] = round(wall_s, 2)
-            share_launch_wall([outcomes[i] for i in decided], wall_s)
-            for i in decided:
-                if isinstance(outcomes[i], ProbeResult):
-                    outcomes[i].extra["stage_s"] = stages
-            pending = [i for i in pending if outcomes[i] is None]
-        return outcomes
+        return simulated_group(self, requests, reports)
 
     def _noise(self) -> float:
         return max(self._rng.gauss(1.0, self.noise_rel), 0.5) if self.noise_rel else 1.0
+
+
+def simulated_group(runner: ProbeRunner, requests: list[ProbeRequest], reports: list[StepReporter]) -> list:
+    """A simulated shared launch of `runner`'s probes (backends/verl/shared_launch.py does it for real): one start-up,
+    the first configuration's warm-up, then each one's timed steps; an OOM ends the launch and the rest start again.
+    The launch's simulated wall time is shared among the configurations it decided, as a real one's is. The search
+    benchmark's truth machines launch the same way (benchmarks/truths.py)."""
+    outcomes: list = [None] * len(requests)
+    pending = list(range(len(requests)))
+    while pending:
+        wall_s, decided, stages = SIMULATED_STARTUP_S, [], {"ready_to_fit": SIMULATED_STARTUP_S}
+        launch = {"trials": [requests[j].trial_number for j in pending], "simulated": True}
+        for position, i in enumerate(pending):
+            request = requests[i] if position == 0 else replace(requests[i], warmup_steps=0)
+            decided.append(i)
+            try:
+                result = runner.probe(request, _progress_only(reports[i]))
+            except ProbeOOM as exc:
+                outcomes[i] = exc
+                break
+            outcomes[i] = result
+            for _ in range(request.warmup_steps):
+                wall_s += SIMULATED_WARMUP_FACTOR * result.step_s
+                stages[f"step{len(stages)}"] = round(wall_s, 2)
+            for _ in range(request.timed_steps):
+                wall_s += result.step_s
+                stages[f"step{len(stages)}"] = round(wall_s, 2)
+            result.extra["launch"] = {**launch, "index": position}
+        stages["end"] = round(wall_s, 2)
+        share_launch_wall([outcomes[i] for i in decided], wall_s)
+        for i in decided:
+            if isinstance(outcomes[i], ProbeResult):
+                outcomes[i].extra["stage_s"] = stages
+        pending = [i for i in pending if outcomes[i] is None]
+    return outcomes

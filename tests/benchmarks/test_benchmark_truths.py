@@ -107,3 +107,30 @@ def test_a_constant_added_to_the_model_leaves_every_machines_other_constants_as_
             assert getattr(new, group) == getattr(old, group)
         assert new.activations.a_new_bytes != 1.0  # the new one is perturbed too
     assert before[1] != before[2]  # machines still differ
+
+
+def test_a_truth_machines_shared_launch_has_one_start_up_and_one_noise_draw_for_its_members():
+    """benchmarks/launch_size.py: with `share` on, a launch of several configurations costs one start-up and warm-up
+    and one launch-level noise factor (what the node and its processes add), not one per member."""
+    from dataclasses import replace
+
+    from autotune.backends.base import ProbeRequest
+    from autotune.backends.sim import SIMULATED_STARTUP_S, SIMULATED_WARMUP_FACTOR
+    from autotune.hardware import get_gpu
+
+    machine = Machine(TINY, TRUTH_BY_NAME["layout_sigma0.15"], 3, run_seed=3, probe_sigma=0.3)
+    runner = machine.runner
+    assert not runner.can_share(None), "off unless a benchmark asks for shared launches"
+    runner.share = True
+    base = ProbeRequest(model=se.get_model(TINY.model), gpu=get_gpu("H200"), n_gpus=8, nodes=1, workload=TINY.workload,
+                        candidate=Candidate(ppo_micro_batch_size_per_gpu=2), run_dir=Path("/nonexistent"),
+                        warmup_steps=1, timed_steps=1)
+    requests = [base, replace(base, candidate=Candidate(ppo_micro_batch_size_per_gpu=4))]
+    separate = [machine.truth(r.candidate, TINY.workload) for r in requests]
+    outcomes = runner.probe_group(requests, [lambda step, tps: False] * 2)
+    ratios = [o.tokens_per_s_per_gpu / s for o, s in zip(outcomes, separate)]
+    assert abs(math.log(ratios[0] / ratios[1])) < 0.15, "one launch factor (sigma 0.3) on both, 3% step noise apart"
+    wall_s = sum(o.extra["probe_wall_s"] for o in outcomes)
+    steps_s = [o.step_s for o in outcomes]
+    one_launch_s = SIMULATED_STARTUP_S + SIMULATED_WARMUP_FACTOR * steps_s[0] + sum(steps_s)
+    assert wall_s == pytest.approx(one_launch_s, rel=0.02), "one start-up and one warm-up for the launch"
