@@ -314,7 +314,7 @@ def _run_trials(ctx: StudyContext, study: optuna.Study, executor: Executor, on_t
                     _end_trial(study, trial, running, on_trial)
                 else:
                     launches = [Launch(trial, *prepared)]
-                    launches += _group_members(ctx, study, executor, launches[0], running, on_trial)
+                    launches += _group_members(ctx, study, executor, launches[0], running, on_trial, held())
                     executor.submit_group(launches, [_reporter(ctx, study, la.trial) for la in launches])
                 stop = budget_left(cfg, study, started_s, held())
             if not executor.in_flight():
@@ -356,14 +356,15 @@ def group_size(cfg: TuneConfig, runner: ProbeRunner, executor: Executor) -> int:
 
 def _group_members(ctx: StudyContext, study: optuna.Study, executor: Executor, lead: Launch,
                    running: dict[int, tuple[optuna.Trial, lease.Heartbeat]],
-                   on_trial: TrialCallback | None) -> list[Launch]:
+                   on_trial: TrialCallback | None, held: int = 0) -> list[Launch]:
     """The other configurations `lead`'s launch measures: queued by search/groups.py, then asked, checked and
-    prepared like any trial (a member decided without a probe, a duplicate or a rule, just ends)."""
+    prepared like any trial (a member decided without a probe, a duplicate or a rule, just ends). `held`: the trials
+    and probes kept for the confirmations and the verifying probe, which members must not take."""
     cfg = ctx.cfg
     room = min(group_size(cfg, ctx.runner, executor) - 1,
-               cfg.trials - finished_count(study) - executor.in_flight() - 1)
+               cfg.trials - finished_count(study) - executor.in_flight() - 1 - held)
     if cfg.budget.probes is not None:  # the lead is already spent: launch_request marked it launched
-        room = min(room, cfg.budget.probes - spent(study, cfg.world_size).probes)
+        room = min(room, cfg.budget.probes - spent(study, cfg.world_size).probes - held)
     if room <= 0 or not ctx.runner.can_share(lead.request):
         return []
     req = lead.request

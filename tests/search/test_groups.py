@@ -202,3 +202,20 @@ def test_a_study_with_no_launch_cost_of_its_own_weighs_members_against_its_node_
     without = not_worth(tmp_path / "none", None)
     assert without and not any(without)
     assert any(not_worth(tmp_path / "cheap", {"phases": {}, "launch_overhead_s": 0.001}))
+
+
+def test_a_launchs_members_leave_the_confirmations_and_the_verifying_probe_their_trials(tmp_path):
+    """Members used to be counted against the whole budget: a launch late in the search took the trials kept for
+    the confirmations, which then never ran (found on the H100 plan's dry run, 2026-12-07)."""
+    from autotune.config import Budget, SearchOptions
+
+    class NoisySim(SimRunner):  # TEST DOUBLE: the sim with per-probe noise, taken as a measuring backend's
+        deterministic = False
+
+    study = run_study(_cfg(tmp_path, trials=12, probe=ProbeBudget(configs_per_launch=8),
+                           search=SearchOptions(confirm=2, verify=True), budget=Budget(probes=12)),
+                      NoisySim(noise_rel=0.05, seed=1))
+    done = [t for t in study.trials if t.state.is_finished()]
+    assert len(done) == 12
+    assert sum("confirms" in t.user_attrs for t in done) >= 1, "the confirmations ran"
+    assert sum("verifies" in t.user_attrs for t in done) == 1, "and the export's verifying probe"
