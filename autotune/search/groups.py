@@ -4,13 +4,13 @@ A launch costs minutes of start-up (Ray, workers, checkpoint, vLLM) before its f
 every step (autotune/verl/step_knobs.py) cost one step each to measure once the launch is up. So when the sampler
 proposes a configuration, the launch that measures it also measures the most promising other settings of those
 knobs under the same restart key: ranked by the model corrected by every probe so far (search/learned.py), by
-expected improvement over the best measured trial once there is one, else by its median; untried ones only, and
-only those verl's rules and the memory gate accept.
+expected improvement over what the lead is expected to measure, under that model as if the lead had been measured
+(a kriging believer); untried ones only, and only those verl's rules and the memory gate accept.
 
-Once there is an incumbent, a launch's GPU time is weighed too (item 4): members are ranked by expected improvement
-per GPU-second of their own step, and one joins only while it buys improvement at least as fast as its lead's whole
-launch does (start-up, warm-up and teardown as measured on this node in this study, plus the lead's step): a step
-spent on a member the model is sure is worse goes to the next launch instead.
+A launch's GPU time is weighed too (item 4): members are ranked by expected improvement per GPU-second of their own
+step, and one joins only while it buys improvement at least as fast as its lead's whole launch does (start-up,
+warm-up and teardown as measured on this node in this study, else by its node profile, else a prior; plus the
+lead's step): a step spent on a member the model is sure adds little goes to the next launch instead.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def step_variants(space: SearchSpace, lead: Candidate, workload: Workload):
 def members(study: optuna.Study, cfg: TuneConfig, space: SearchSpace, lead: Candidate, workload: Workload,
             count: int) -> tuple[list[Scored], int | None]:
     """Up to `count` untried configurations that share `lead`'s launch, most promising first; and how many untried
-    ones were not worth their step (None: not weighed, before the first measurement)."""
+    ones were not worth their step (None: none weighed, the model cannot score the lead)."""
     if count <= 0:
         return [], None
     kl = separate_reference(workload)
@@ -63,7 +63,19 @@ def members(study: optuna.Study, cfg: TuneConfig, space: SearchSpace, lead: Cand
     tried = tried_keys(trials, kl) | {config_key(t.params, kl) for t in trials if t.state == TrialState.WAITING}
     tried.add(config_key(lead.as_params(), kl))
     best = max((t.user_attrs["tokens_per_s_per_gpu"] for t in trials if is_result(t)), default=None)
-    acq = Acquisition(cfg, CorrectedModel.from_study(study, cfg), MemoryGate.of(study), study, incumbent=best)
+    model, gate = CorrectedModel.from_study(study, cfg), MemoryGate.of(study)
+    lead_scored = Acquisition(cfg, model, gate, study, incumbent=best)(lead, workload)
+    if lead_scored is None:  # the lead passed the driver's checks; the model's own gate may still refuse it
+        return [], None
+    # a member is scored as if the lead had already measured what the corrected model expects of it (the "kriging
+    # believer" of Ginsbourger, Le Riche and Carraro 2010, "Kriging is well-suited to parallelize optimization"): it
+    # buys what it adds over the lead, not the improvement the lead buys anyway, and the uncertainty it shares with
+    # the lead (the layout's, the flags') is no longer its own. Scored against the measured best alone, near-twins of a
+    # promising lead each carried the lead's expected improvement, and before any measurement every member joined: on
+    # the search benchmark's 7B machines at one GPU-hour budget a cap of 16 spent it in 1.3 launches of one layout
+    # (34% regret against 5% with one configuration a launch; benchmarks/launch_size.py)
+    believer = max(best or 0.0, lead_scored.median_tokens_per_s_per_gpu)
+    acq = Acquisition(cfg, model.believing(lead, workload), gate, study, incumbent=believer)
     ranked = []
     for cand in step_variants(space, lead, workload):
         key = config_key(cand.as_params(), kl)
@@ -73,15 +85,19 @@ def members(study: optuna.Study, cfg: TuneConfig, space: SearchSpace, lead: Cand
         scored = acq(cand, workload)
         if scored is not None:
             ranked.append(scored)
-    if best is None:
-        ranked.sort(key=lambda s: s.score, reverse=True)
-        return spread(ranked, lead, count, key=lambda s: s.score), None
     ranked.sort(key=improvement_per_step_s, reverse=True)
-    # what a launch costs: this study's launches, else what earlier studies on this kind of node paid (its profile)
+    # what a launch costs: this study's launches, else what earlier studies on this kind of node paid (its profile),
+    # else the prior; before anything is measured, the lead's launch buys all it measures (its median)
     overhead_s = (launch_overhead_s([TrialRecord.of(t) for t in trials])
-                  or (study.user_attrs.get(PROFILE_ATTR) or {}).get("launch_overhead_s"))
-    worth = worth_a_step(ranked, acq(lead, workload), overhead_s, cfg.probe.timed_steps)
+                  or (study.user_attrs.get(PROFILE_ATTR) or {}).get("launch_overhead_s") or LAUNCH_OVERHEAD_PRIOR_S)
+    worth = worth_a_step(ranked, lead_scored, overhead_s, cfg.probe.timed_steps)
     return spread(worth, lead, count, key=improvement_per_step_s), len(ranked) - len(worth)
+
+
+# a launch's start-up, warm-up and teardown before this study or node has measured one: what the 1.5B launches on one
+# H100 and one H200 cost beyond their timed steps (260-374 s; benchmarks/results/h100-2026-12-07-shared-study,
+# h200-2026-12-05-verl-shared), the sim's 232 s start-up and 2.1x warm-up step for the 7B; larger models start slower
+LAUNCH_OVERHEAD_PRIOR_S = 300.0
 
 
 def improvement_per_step_s(s: Scored) -> float:

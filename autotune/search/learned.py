@@ -118,6 +118,7 @@ class CorrectedModel:
         PROFILE_MIN_SCALE) instead of WHOLE_PHASE; noise_rel: a probe's noise in each phase's log time (gp_noise_rel)."""
         self.cfg = cfg
         self.n = len(observations)
+        self.observations, self.profile, self.noise_rel = observations, profile, noise_rel
         self.gps: dict[str, PhaseGP] = {}
         self.prior: dict[str, tuple[float, float]] = {}  # phase -> (prior mean, whole-phase prior scale)
         for phase, v in ((profile or {}).get("phases") or {}).items():
@@ -145,6 +146,17 @@ class CorrectedModel:
             return mean0, scale0 * scale0
         m, v = gp.predict(params)
         return m + mean0, v
+
+    def believing(self, cand: Candidate, workload: Workload) -> "CorrectedModel":
+        """This model as if `cand` had been measured at its posterior median in every phase (the "kriging believer"
+        of Ginsbourger, Le Riche and Carraro 2010, "Kriging is well-suited to parallelize optimization"): what the
+        other configurations of a launch add once its lead is known. Their uncertainty shared with the lead (its
+        layout's, its flags') is gone under it, as it will be once the launch has measured the lead."""
+        params = canonical_params(cand.as_params(), separate_reference(workload))
+        base = base_prediction(self.cfg, Candidate(**params), workload)
+        fantasy = {p: s * math.exp(self.phase_residual(p, params)[0]) for p, s in base.phase_s.items() if s > 0}
+        return CorrectedModel(self.cfg, self.observations + [(params, base.phase_s, fantasy, None)], self.profile,
+                              self.noise_rel)
 
     @classmethod
     def from_study(cls, study: optuna.Study, cfg: TuneConfig) -> "CorrectedModel":

@@ -39,7 +39,7 @@ def _launches(study):
     return by_launch
 
 
-def test_a_sim_study_measures_groups_of_one_restart_key_per_launch(tmp_path):
+def test_a_sim_study_measures_groups_of_one_restart_key_per_launch(tmp_path, costly_launches):
     study = run_study(_cfg(tmp_path, trials=12, probe=ProbeBudget(configs_per_launch=4)), get_runner("sim"))
     assert not study.get_trials(states=(TrialState.RUNNING,))
     assert not [t for t in study.get_trials(states=(TrialState.WAITING,)) if GROUP_ATTR in t.user_attrs]
@@ -54,10 +54,10 @@ def test_a_sim_study_measures_groups_of_one_restart_key_per_launch(tmp_path):
     shared = tuning_cost(records(study), 8, simulated=True)
     (tmp_path / "alone").mkdir()
     alone = tuning_cost(records(run_study(_cfg(tmp_path / "alone", trials=12), get_runner("sim"))), 8, simulated=True)
-    assert shared["probe_efficiency"] > 1.5 * alone["probe_efficiency"]
+    assert shared["probe_efficiency"] > 1.3 * alone["probe_efficiency"]
 
 
-def test_group_members_are_the_models_best_untried_per_step_settings(tmp_path):
+def test_group_members_are_the_models_best_untried_per_step_settings(tmp_path, costly_launches):
     study = run_study(_cfg(tmp_path, trials=4, probe=ProbeBudget(configs_per_launch=4), search=_no_extras()),
                       get_runner("sim"))
     lead, *members = study.trials
@@ -72,6 +72,15 @@ def _no_extras():
     return SearchOptions(warm_start=0, learn=False)
 
 
+@pytest.fixture
+def costly_launches(monkeypatch):
+    """Launches so costly before any is measured that every member is worth its step: the tests of what a shared
+    launch does (not of which members it takes) get full launches from the first."""
+    from autotune.search import groups
+
+    monkeypatch.setattr(groups, "LAUNCH_OVERHEAD_PRIOR_S", 1e9)
+
+
 class _KilledMidLaunch(SimRunner):
     """TEST DOUBLE: the tuner is interrupted while a shared launch runs."""
 
@@ -79,7 +88,7 @@ class _KilledMidLaunch(SimRunner):
         raise KeyboardInterrupt
 
 
-def test_a_tuner_interrupted_mid_launch_leaves_no_trial_running_and_resumes(tmp_path):
+def test_a_tuner_interrupted_mid_launch_leaves_no_trial_running_and_resumes(tmp_path, costly_launches):
     cfg = _cfg(tmp_path, trials=4, probe=ProbeBudget(configs_per_launch=4), search=_no_extras())
     with pytest.raises(KeyboardInterrupt):
         run_study(cfg, _KilledMidLaunch())
@@ -117,7 +126,7 @@ def _verl_double_study(tmp_path, trials: int, **double_env):
     return run_study(cfg, runner)
 
 
-def test_a_verl_study_shares_launches_and_grades_an_oom_in_the_middle(tmp_path):
+def test_a_verl_study_shares_launches_and_grades_an_oom_in_the_middle(tmp_path, costly_launches):
     """The verl backend through the one study loop, its launches run by the step-switch TEST DOUBLE."""
     study = _verl_double_study(tmp_path, 8, AUTOTUNE_DOUBLE_OOM_MICRO="32")
     assert not study.get_trials(states=(TrialState.RUNNING,))
@@ -133,7 +142,7 @@ def test_a_verl_study_shares_launches_and_grades_an_oom_in_the_middle(tmp_path):
     assert all(t.user_attrs["candidate"]["ppo_micro_batch_size_per_gpu"] == 32 for t in ooms)
 
 
-def test_a_verl_studys_shared_launch_members_are_scored_at_the_launchs_rollout_and_show_says_so(tmp_path, capsys):
+def test_a_verl_studys_shared_launch_members_are_scored_at_the_launchs_rollout_and_show_says_so(tmp_path, costly_launches, capsys):
     """Rollouts timed on verl's 2-s poll grid (the TEST DOUBLE draws 6.1, 2.1, 4.1 s by the step): each member's
     stored score is at the launch's median rollout, verl's own figures stay in its series, `show` names the rollout."""
     from autotune.ui import print_trials
@@ -167,17 +176,18 @@ def test_a_member_joins_while_it_buys_improvement_as_fast_per_gpu_second_as_its_
     assert worth_a_step(ranked, None, overhead_s=300.0, timed_steps=1) == ranked, "a lead the model cannot score"
 
 
-def test_after_the_first_launch_the_members_are_weighed_by_gpu_time(tmp_path):
-    """A sim study: the first launch (no incumbent, no launch measured) fills up unweighed; every later lead records
-    how many untried per-step settings the rule left out, and its members are its own."""
+def test_every_launch_weighs_its_members_by_gpu_time_the_first_against_the_prior_launch_cost(tmp_path):
+    """A sim study: every lead records how many untried per-step settings the rule left out, the first one too (no
+    launch measured yet: weighed against LAUNCH_OVERHEAD_PRIOR_S); its members are its own. Before, the first launch
+    filled up unweighed, and on the benchmark's 7B machines a cap of 16 spent a 16 GPU-hour budget in 1.3 launches."""
     study = run_study(_cfg(tmp_path, trials=16, probe=ProbeBudget(configs_per_launch=6)), get_runner("sim"))
     launches = sorted(_launches(study).values(), key=lambda ts: min(t.number for t in ts))
-    assert len(launches) >= 3 and len(launches[0]) == 6
-    assert NOT_WORTH_ATTR not in min(launches[0], key=lambda t: t.number).user_attrs
+    assert launches, "some launches measure several configurations"
+    assert study.trials[0].user_attrs[NOT_WORTH_ATTR] > 0, "the first launch is weighed"
     assert launch_overhead_s(records(study)) > 0
-    for trials in launches[1:]:
+    for trials in launches:
         lead = min(trials, key=lambda t: t.number)
-        assert lead.user_attrs[NOT_WORTH_ATTR] >= 0
+        assert lead.user_attrs.get(NOT_WORTH_ATTR, 0) >= 0
         assert all(t.user_attrs.get(GROUP_ATTR) == lead.number for t in trials if t is not lead)
 
 
@@ -197,11 +207,12 @@ def test_a_study_with_no_launch_cost_of_its_own_weighs_members_against_its_node_
         study = run_study(cfg, get_runner("sim"))
         return [t.user_attrs[NOT_WORTH_ATTR] for t in study.trials if NOT_WORTH_ATTR in t.user_attrs]
 
-    (tmp_path / "none").mkdir()
+    (tmp_path / "costly").mkdir()
     (tmp_path / "cheap").mkdir()
-    without = not_worth(tmp_path / "none", None)
-    assert without and not any(without)
-    assert any(not_worth(tmp_path / "cheap", {"phases": {}, "launch_overhead_s": 0.001}))
+    costly = not_worth(tmp_path / "costly", {"phases": {}, "launch_overhead_s": 1e9})
+    cheap = not_worth(tmp_path / "cheap", {"phases": {}, "launch_overhead_s": 0.001})
+    # beside a launch that costly only members the model expects nothing of stay out
+    assert costly and cheap and sum(cheap) > sum(costly)
 
 
 def test_a_launchs_members_leave_the_confirmations_and_the_verifying_probe_their_trials(tmp_path):

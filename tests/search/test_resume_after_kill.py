@@ -27,6 +27,8 @@ from autotune.models import get_model
 from autotune.backends.verl.runner import ProbeLimits, VerlRunner
 from autotune.search.driver import run_study
 from autotune.workload import Workload
+import autotune.search.groups as groups
+groups.LAUNCH_OVERHEAD_PRIOR_S = 1e9  # every member worth its step: the test is of what a kill mid-launch leaves
 out = Path(sys.argv[1]); trials = int(sys.argv[2]); per_launch = int(sys.argv[3])
 cfg = TuneConfig(model=get_model("qwen2.5-7b"), gpu=get_gpu("H200"), gpus_per_node=8, nodes=1, backend="verl",
                  trials=trials, storage_url=f"sqlite:///{out / 'autotune.db'}", study_name="k", out_dir=out, seed=0,
