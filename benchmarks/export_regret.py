@@ -24,6 +24,7 @@ import multiprocessing
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
@@ -47,14 +48,16 @@ METHODS = ("autotune", "autotune_no_verify", "autotune_no_confirm", "autotune_co
 CHECK_AT = (15, 40)
 
 
-def search_study(machine: Machine, budget: int, search: SearchOptions) -> tuple[optuna.Study, TuneConfig]:
-    """autotune's search on this machine with `budget` launched probes, in memory: the study and its configuration."""
+def search_study(machine: Machine, budget: int | Budget, search: SearchOptions,
+                 probe: ProbeBudget | None = None) -> tuple[optuna.Study, TuneConfig]:
+    """autotune's search on this machine with `budget` (launched probes, or a Budget), in memory: the study and its
+    configuration."""
     job = machine.job
     cfg = TuneConfig(model=machine.model, gpu=machine.gpu, gpus_per_node=job.gpus_per_node, nodes=job.nodes,
                      backend="sim", trials=100_000, storage_url="sqlite:///:memory:", study_name="bench",
                      out_dir=Path("/nonexistent"), seed=machine.seed, workload=job.workload, fixed=se.FIXED,
-                     ranges=job.ranges, tune_workload=(), probe=ProbeBudget(), search=search,
-                     budget=Budget(probes=budget))
+                     ranges=job.ranges, tune_workload=(), probe=probe or ProbeBudget(), search=search,
+                     budget=budget if isinstance(budget, Budget) else Budget(probes=budget))
     original, driver.open_storage = driver.open_storage, se._in_memory_storage
     try:
         return run_study(cfg, machine.runner), cfg
@@ -143,6 +146,19 @@ def _known(runs: list[dict], key: str) -> list[float]:
     return [r[key] for r in runs if not math.isnan(r.get(key, math.nan))]
 
 
+def run_units(run: Callable[[tuple], list[dict]], units: list[tuple], workers: int) -> list[dict]:
+    """Every unit's rows, `workers` processes at a time (forked: the truth machines are rebuilt in each)."""
+    rows: list[dict] = []
+    if workers > 1:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            for part in pool.imap_unordered(run, units):
+                rows.extend(part)
+    else:
+        for unit in units:
+            rows.extend(run(unit))
+    return rows
+
+
 def machine_arguments(description: str) -> argparse.ArgumentParser:
     """The job, truth, machines and probe budget of a search benchmark on the truth machines."""
     parser = argparse.ArgumentParser(description=description)
@@ -163,14 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     units = [(args.job, args.truth, args.machine_offset + m, (m,), args.budget, sigma, tuple(args.methods))
              for sigma in args.sigma for m in range(args.machines)]
     started = time.time()
-    rows: list[dict] = []
-    if args.workers > 1:
-        with multiprocessing.get_context("fork").Pool(args.workers) as pool:
-            for part in pool.imap_unordered(run_unit, units):
-                rows.extend(part)
-    else:
-        for unit in units:
-            rows.extend(run_unit(unit))
+    rows = run_units(run_unit, units, args.workers)
     print(f"# python benchmarks/export_regret.py {' '.join(sys.argv[1:] if argv is None else argv)}  "
           f"({time.time() - started:.0f} s)")
     print(f"\n{args.job}, truth {args.truth}, machines {args.machine_offset}-{args.machine_offset + args.machines - 1} "

@@ -15,7 +15,6 @@ processes add; issue 34 measured 25% between two H200s), on top of 3% per phase 
 
 from __future__ import annotations
 
-import multiprocessing
 import statistics
 import sys
 import time
@@ -25,14 +24,12 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import search_efficiency as se  # noqa: E402
-from export_regret import machine_arguments  # noqa: E402
+from export_regret import machine_arguments, run_units, search_study  # noqa: E402
 from optimum import exact_optimum  # noqa: E402
 from truths import TRUTH_BY_NAME, Machine  # noqa: E402
 
-import autotune.search.driver as driver  # noqa: E402
-from autotune.config import Budget, ProbeBudget, SearchOptions, TuneConfig  # noqa: E402
+from autotune.config import Budget, ProbeBudget, SearchOptions  # noqa: E402
 from autotune.search import posterior  # noqa: E402
-from autotune.search.driver import run_study  # noqa: E402
 from autotune.search.learned import NOISY_ATTR, CorrectedModel  # noqa: E402
 from autotune.spaces.candidate import Candidate  # noqa: E402
 from autotune.storage.records import (EXPORT_CHOSEN_ATTR, TrialRecord, baseline_record, is_result, pooled,  # noqa: E402
@@ -43,16 +40,8 @@ from autotune.storage.tuning_cost import tuning_cost  # noqa: E402
 def search(machine: Machine, cap: int, gpu_hours: float) -> dict:
     """autotune's search on this machine, launches of up to `cap` configurations, until `gpu_hours` are spent."""
     job = machine.job
-    cfg = TuneConfig(model=machine.model, gpu=machine.gpu, gpus_per_node=job.gpus_per_node, nodes=job.nodes,
-                     backend="sim", trials=100_000, storage_url="sqlite:///:memory:", study_name="bench",
-                     out_dir=Path("/nonexistent"), seed=machine.seed, workload=job.workload, fixed=se.FIXED,
-                     ranges=job.ranges, tune_workload=(), probe=ProbeBudget(configs_per_launch=cap),
-                     search=SearchOptions(), budget=Budget(gpu_hours=gpu_hours))
-    original, driver.open_storage = driver.open_storage, se._in_memory_storage
-    try:
-        study = run_study(cfg, machine.runner)
-    finally:
-        driver.open_storage = original
+    study, cfg = search_study(machine, Budget(gpu_hours=gpu_hours), SearchOptions(),
+                              probe=ProbeBudget(configs_per_launch=cap))
     trials = study.get_trials(deepcopy=False)
     base = baseline_record(study)
     base_params = (base.user_attrs.get("candidate") or base.params) if base else {}
@@ -97,14 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     units = [(args.job, args.truth, args.machine_offset + m, tuple(args.caps), args.gpu_hours, sigma)
              for sigma in args.sigma for m in range(args.machines)]
     started = time.time()
-    rows: list[dict] = []
-    if args.workers > 1:
-        with multiprocessing.get_context("fork").Pool(args.workers) as pool:
-            for part in pool.imap_unordered(run_unit, units):
-                rows.extend(part)
-    else:
-        for unit in units:
-            rows.extend(run_unit(unit))
+    rows = run_units(run_unit, units, args.workers)
     print(f"# python benchmarks/launch_size.py {' '.join(sys.argv[1:] if argv is None else argv)}  "
           f"({time.time() - started:.0f} s); SIMULATED launches (the sim's start-up and warm-up)")
     print(f"\n{args.job}, truth {args.truth}, machines {args.machine_offset}-{args.machine_offset + args.machines - 1}, "
