@@ -76,21 +76,26 @@ def autotune_exports(machine: Machine, budget: int, search: SearchOptions) -> tu
     base_params = (base.user_attrs.get("candidate") or base.params) if base else {}
     launched = [t.number for t in trials if t.user_attrs.get("launched")]
     values, last, post = [], None, None
-    noisy = study.user_attrs.get(NOISY_ATTR) and search.learn
+    noisy = bool(study.user_attrs.get(NOISY_ATTR)) and search.learn
     for k_last in launched:
-        prefix = [t for t in trials if t.number <= k_last]
-        results = [TrialRecord.of(t) for t in prefix if is_result(t)]
-        # what the study would export had it stopped here: its posterior ranking from these probes alone
-        post = posterior.scores(prefix, cfg, CorrectedModel.from_trials(prefix, cfg, study)) if noisy else None
-        # the export fixed before its verifying probe (search/confirm.verify): rank holds it once that probe is in
-        ranked = rank(pooled(results), base_params, post, study.user_attrs.get(EXPORT_CHOSEN_ATTR))
-        last = ranked[0] if ranked else None
+        last, post = export_of(study, cfg, [t for t in trials if t.number <= k_last], base_params, noisy)
         values.append(machine.truth(Candidate.from_params(last.user_attrs["candidate"]), job.workload) if last else 0.0)
     overstated = last.tokens_per_s_per_gpu / values[-1] if last and values[-1] else float("nan")
     post_over = post[str(last.number)] / values[-1] if post and last and values[-1] else float("nan")
     probed = max((machine.truth(Candidate.from_params(t.user_attrs["candidate"]), job.workload)
                   for t in trials if is_result(t)), default=0.0)
     return values, overstated, post_over, probed
+
+
+def export_of(study: optuna.Study, cfg: TuneConfig, prefix: list, base_params: dict,
+              noisy: bool) -> tuple[TrialRecord | None, dict | None]:
+    """What the study would export had it stopped after these trials (its posterior ranking from them alone where
+    probes are noisy; the export fixed before its verifying probe, search/confirm.verify, holds once that probe is
+    in), and that posterior."""
+    results = [TrialRecord.of(t) for t in prefix if is_result(t)]
+    post = posterior.scores(prefix, cfg, CorrectedModel.from_trials(prefix, cfg, study)) if noisy else None
+    ranked = rank(pooled(results), base_params, post, study.user_attrs.get(EXPORT_CHOSEN_ATTR))
+    return (ranked[0] if ranked else None), post
 
 
 def argmax_exports(machine: Machine, space, budget: int, method: str, seed: int) -> tuple[list[float], float, float,

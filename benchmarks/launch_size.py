@@ -24,16 +24,14 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import search_efficiency as se  # noqa: E402
-from export_regret import machine_arguments, run_units, search_study  # noqa: E402
+from export_regret import export_of, machine_arguments, run_units, search_study  # noqa: E402
 from optimum import exact_optimum  # noqa: E402
 from truths import TRUTH_BY_NAME, Machine  # noqa: E402
 
 from autotune.config import Budget, ProbeBudget, SearchOptions  # noqa: E402
-from autotune.search import posterior  # noqa: E402
-from autotune.search.learned import NOISY_ATTR, CorrectedModel  # noqa: E402
+from autotune.search.learned import NOISY_ATTR  # noqa: E402
 from autotune.spaces.candidate import Candidate  # noqa: E402
-from autotune.storage.records import (EXPORT_CHOSEN_ATTR, TrialRecord, baseline_record, is_result, pooled,  # noqa: E402
-                                      rank)
+from autotune.storage.records import TrialRecord, baseline_record  # noqa: E402
 from autotune.storage.tuning_cost import tuning_cost  # noqa: E402
 
 
@@ -45,11 +43,7 @@ def search(machine: Machine, cap: int, gpu_hours: float) -> dict:
     trials = study.get_trials(deepcopy=False)
     base = baseline_record(study)
     base_params = (base.user_attrs.get("candidate") or base.params) if base else {}
-    results = [TrialRecord.of(t) for t in trials if is_result(t)]
-    post = (posterior.scores(trials, cfg, CorrectedModel.from_trials(trials, cfg, study))
-            if study.user_attrs.get(NOISY_ATTR) else None)
-    ranked = rank(pooled(results), base_params, post, study.user_attrs.get(EXPORT_CHOSEN_ATTR))
-    export = ranked[0] if ranked else None
+    export, _ = export_of(study, cfg, trials, base_params, bool(study.user_attrs.get(NOISY_ATTR)))
     true = machine.truth(Candidate.from_params(export.user_attrs["candidate"]), job.workload) if export else 0.0
     cost = tuning_cost([TrialRecord.of(t) for t in trials], cfg.world_size, simulated=True)
     return {"true": true, "probes": cost["probes"], "launches": cost["launches"], "gpu_hours": cost["gpu_hours"],

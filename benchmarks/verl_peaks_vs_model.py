@@ -15,7 +15,7 @@ from autotune.model.memory import estimate_memory
 from autotune.models import model_from_identity
 from autotune.spaces.candidate import Candidate
 from autotune.spaces.layout import ParallelLayout
-from autotune.workload import Workload
+from autotune.storage.results import workload_of
 
 RESULTS = Path(__file__).parent / "results"
 STUDIES = (  # (database, GPU, trials left out and why)
@@ -38,7 +38,7 @@ def main() -> int:
         study = optuna.load_study(study_name="qwen2.5-1.5b-1x1-verl", storage=f"sqlite:///{RESULTS / db}")
         ident = study.user_attrs["identity"]
         model, gpu = model_from_identity(ident), get_gpu(gpu_name)
-        workload = Workload(**{k: tuple(v) if isinstance(v, list) else v for k, v in ident["workload"].items()})
+        workload = workload_of(ident)
         print(f"{db} ({gpu.name}, {gpu.mem_gib:.1f} GiB); measured / predicted peak, then the model's phase peaks GiB")
         for number, why in skip.items():
             print(f"  trial {number:2d} left out: {why}")
