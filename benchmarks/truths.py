@@ -175,15 +175,16 @@ class TruthRunner(ProbeRunner):
     simulated = True
     deterministic = False  # a probe of the same configuration again draws new noise: confirmation applies
 
-    def __init__(self, evaluator: TruthEvaluator, seed: int, probe_sigma: float = 0.0, share: bool = False) -> None:
+    def __init__(self, evaluator: TruthEvaluator, seed: int, probe_sigma: float = 0.0) -> None:
         self.ev = evaluator
         self._rng = random.Random(seed)
         # one log-normal factor per probe on all its steps (issue 34: the same configuration on two H200s, 25%): what
         # a repeat inside one probe does not see
         self.probe_sigma = probe_sigma
         # launches that measure several configurations, as verl's do (benchmarks/launch_size.py): one start-up and
-        # one noise factor for all of a launch's members (what the launch's node and processes add)
-        self.share = share
+        # one noise factor for all of a launch's members (what the launch's node and processes add); off unless a
+        # benchmark turns it on
+        self.share = False
         self._launch_slow: float | None = None
 
     def can_share(self, request: ProbeRequest) -> bool:

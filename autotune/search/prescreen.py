@@ -96,7 +96,6 @@ class MemoryGate:
         study.set_user_attr(MARGIN_ATTR, self.margin)
 
 
-
 def _key(params: Mapping, names: Iterable[str] | None = None, exclude: Iterable[str] = ()) -> tuple:
     if names is not None:
         return tuple((n, params.get(n)) for n in names)

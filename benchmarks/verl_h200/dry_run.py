@@ -3,7 +3,8 @@ verl launches run by the step-switch TEST DOUBLE (tests/backends/verl/verl_doubl
 the GPU named here. What it shows before any device time is spent: how many launches the study makes, which
 configurations each measures, in what order, and that the study ends, exports and resumes as the node would run it.
 The double's step times are not verl's (its throughput follows the micro-batch), so which configurations the
-search picks after the first measurement differ from the node's; the launches' shape does not.
+search picks after the first measurement, and how many of them a launch takes (search/groups.py weighs them by what
+was measured), differ from the node's; the first new launch of a resumed study is decided on real data alone.
 
     PYTHONPATH=. python benchmarks/verl_h200/dry_run.py --gpu "NVIDIA H100 80GB HBM3" --resume <autotune.db> \
         -- --from benchmarks/verl_h200/run_tiny_grpo.sh --model qwen2.5-1.5b --gpus 1 --config <tune.yaml> \
