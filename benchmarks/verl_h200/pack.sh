@@ -1,6 +1,6 @@
 #!/bin/bash
 # Here (a machine with pip and the package index): the wheels for the offline GPU machine, slimmed and cut into
-# parts of 55 MiB, each in its own ignored folder of the checkout (.carry/c0 ... c4), to be carried one per call.
+# parts of 48 MiB, each in its own ignored folder of the checkout (.carry/c0 ... c4), to be carried one per call.
 # Usage: bash benchmarks/verl_h200/pack.sh [WORK_DIR]
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd); ROOT=$(cd "$HERE/../.." && pwd); W=${1:-/tmp/verl_h200_pack}
@@ -18,7 +18,7 @@ python3 "$HERE/slim_wheel.py" "$W"/wheels/ray-*.whl "$W/slim" 'ray/jars/' 'ray/d
 python3 "$HERE/slim_wheel.py" "$W"/wheels/xgrammar-*.whl "$W/slim" 'xgrammar/include/' 'xgrammar/lib/libxgrammar.a'
 for f in "$W"/wheels/*.whl; do [ -f "$W/slim/$(basename "$f")" ] || cp "$f" "$W/slim/"; done
 rm -rf "$W/parts" && mkdir "$W/parts"
-tar -cf - -C "$W" slim | split -b 55M -d -a 1 - "$W/parts/wh.tar.part"
+tar -cf - -C "$W" slim | split -b 48M -d -a 1 - "$W/parts/wh.tar.part"
 (cd "$W/parts" && sha256sum wh.tar.part* > SHA256SUMS)
 grep -qx '/.carry/' "$ROOT/.git/info/exclude" 2>/dev/null || echo '/.carry/' >> "$ROOT/.git/info/exclude"
 rm -rf "$ROOT/.carry"

@@ -10,7 +10,8 @@
 #      profile: one launch, the job and one token budget, each predicted before any probe of its study;
 #   4. the torch backend's GPU tests (the fused log-prob path among them);
 #   3. the shared study (step 1's copy, so its rows in the profile are replaced, not added twice) resumed for its
-#      third launch (tune_shared_3.yaml: 6 more configurations), last: collect before it where time is short;
+#      third launch (tune_shared_3.yaml: as many configurations as the member rule takes, up to 16; one launch),
+#      last: collect before it where time is short;
 #   5. (an H100 only: SKIP="0 1 2 3 4") issue 28's study on an H100: the H100 seed study of 2026-12-07 (step 0's,
 #      one launch of 4) resumed for two more launches (tune_shared_h100.yaml: up to 16 configurations, then the
 #      leaders probed again), about 1,300-1,450 s.
@@ -41,7 +42,7 @@ if ! skip 4; then
       >> "$RES/gpu_tests.txt" 2>&1; echo "rc=$?" >> "$RES/gpu_tests.txt")
   stamp "gpu tests end ($(tail -n 2 "$RES/gpu_tests.txt" | tr '\n' ' '))"
 fi
-skip 3 || study third AT=/tmp/at_seed TUNE=benchmarks/verl_h200/tune_shared_3.yaml TRIALS=24 SEED=7
+skip 3 || study third AT=/tmp/at_seed TUNE=benchmarks/verl_h200/tune_shared_3.yaml TRIALS=34 SEED=7
 skip 5 || study h100_shared RESUME_DB=benchmarks/results/h100-2026-12-07-verl-profile/seed_node/autotune.db \
     TUNE=benchmarks/verl_h200/tune_shared_h100.yaml TRIALS=23 SEED=7
 cp -r "${AUTOTUNE_PROFILE_DIR:-$HOME/.cache/autotune/node-profiles}" "$RES/node-profiles" 2>/dev/null
