@@ -1,6 +1,6 @@
 #!/bin/bash
 # Here (a machine with pip and the package index): the wheels for the offline GPU machine, slimmed and cut into
-# parts of 48 MiB, each in its own ignored folder of the checkout (.carry/c0 ... c4), to be carried one per call.
+# parts of 48 MiB, each in its own ignored folder of the checkout (.carry/c0 ... c5), to be carried one per call.
 # Usage: bash benchmarks/verl_h200/pack.sh [WORK_DIR]
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd); ROOT=$(cd "$HERE/../.." && pwd); W=${1:-/tmp/verl_h200_pack}
