@@ -6,8 +6,8 @@ step cost one step each once it is up (search/groups.py). A larger cap on config
 one restart key's neighbourhood. On the search benchmark's simulated machines (benchmarks/truths.py; launches with the
 sim's start-up and warm-up, SIMULATED: 232 s, warm-up 2.1x a step, measured on the H200) each search gets the same
 GPU-hour budget and the default search settings; reported per cap: the true regret of the export at the end (1 - its
-true value / the machine's optimum), the configurations measured, the launches and the share of GPU time the timed
-steps took. Noise: `--sigma` per launch (one log-normal factor on all of a launch's members, what a node and its
+true value / the machine's optimum), the configurations measured, the launches, the share of GPU time the timed
+steps took, and the export's measured score over its true value. Noise: `--sigma` per launch (one log-normal factor on all of a launch's members, what a node and its
 processes add; issue 34 measured 25% between two H200s), on top of 3% per phase per step.
 
     python benchmarks/launch_size.py --machines 10 --machine-offset 180 --gpu-hours 16 --caps 1 4 8 16 --workers 2
@@ -47,7 +47,8 @@ def search(machine: Machine, cap: int, gpu_hours: float) -> dict:
     true = machine.truth(Candidate.from_params(export.user_attrs["candidate"]), job.workload) if export else 0.0
     cost = tuning_cost([TrialRecord.of(t) for t in trials], cfg.world_size, simulated=True)
     return {"true": true, "probes": cost["probes"], "launches": cost["launches"], "gpu_hours": cost["gpu_hours"],
-            "efficiency": cost["probe_efficiency"] or 0.0}
+            "efficiency": cost["probe_efficiency"] or 0.0,
+            "measured_over_true": export.tokens_per_s_per_gpu / true if export and true else float("nan")}
 
 
 def run_unit(unit: tuple) -> list[dict]:
@@ -86,8 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{args.job}, truth {args.truth}, machines {args.machine_offset}-{args.machine_offset + args.machines - 1}, "
           f"{args.gpu_hours:g} GPU-hours per search\n")
     print("| noise sigma (per launch) | configurations per launch (cap) | mean regret of the export | worst "
-          "| configurations measured (mean) | launches (mean) | GPU-hours spent (mean) | timed share | searches |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| configurations measured (mean) | launches (mean) | GPU-hours spent (mean) | timed share "
+          "| export measured/true (median) | searches |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for sigma in args.sigma:
         for cap in args.caps:
             runs = [r for r in rows if r["sigma"] == sigma and r["cap"] == cap]
@@ -97,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"| {100 * max(r['regret'] for r in runs):.1f}% | {statistics.fmean(r['probes'] for r in runs):.1f} "
                   f"| {statistics.fmean(r['launches'] for r in runs):.1f} "
                   f"| {statistics.fmean(r['gpu_hours'] for r in runs):.1f} "
-                  f"| {100 * statistics.fmean(r['efficiency'] for r in runs):.0f}% | {len(runs)} |")
+                  f"| {100 * statistics.fmean(r['efficiency'] for r in runs):.0f}% "
+                  f"| {statistics.median(r['measured_over_true'] for r in runs):.3f} | {len(runs)} |")
     return 0
 
 

@@ -18,6 +18,16 @@ of the benchmark, sigma 0.1: measured/true 1.049 on median with the confirmation
 (study attribute EXPORT_CHOSEN_ATTR), then probed once more, and that probe alone is its score
 (storage/records.pooled): a measurement taken after the choice and never used to make it, so it is as likely low as
 high.
+
+Held-out probes instead of a verifying launch: where launches are shared (a verl launch measures several
+configurations, one start-up of minutes for a step of seconds each), the verifying probe alone would cost a launch of
+its own for one step (on one H100, 2026-12-07: 171-231 s of start-up and a 39-s warm-up before a 16-s step). So where
+the leaders share one restart key and a launch holds them twice, each leader's confirmation is queued with a second,
+held-out probe of it, and the one launch measures both. The held-out probes are stored only after the launch's
+confirmations, and the export is chosen (and fixed) before the first of them is stored: nothing that chose it has
+seen them. The chosen one's held-out probe is then its verifying probe; the others' become more confirmations of
+their own leader. It costs a probe per leader besides the first (two leaders: four probes where confirmations and a
+verifying probe took three) and saves a launch.
 """
 
 from __future__ import annotations
@@ -27,10 +37,14 @@ import math
 import optuna
 
 from autotune.search.groups import PLANNED_ATTR
+from autotune.spaces.candidate import Candidate
 from autotune.storage.noise import measured_noise, probe_sigma, probes_of
 from autotune.storage.records import EXPORT_CHOSEN_ATTR, best_records, records
+from autotune.verl.step_knobs import restart_key
 
 CONFIRM_ATTR = "confirm_enqueued"  # study attribute: the trial numbers the confirmation enqueued (set once)
+HOLDOUT_ATTR = "holdouts_enqueued"  # study attribute: the leaders queued with a held-out probe (set once)
+HOLDS_OUT = "holds_out"  # user attribute of a held-out probe: the leader it measures again
 Z95 = 1.96
 
 
@@ -48,15 +62,47 @@ def leaders(study: optuna.Study, k: int) -> list:
     return [best] + close[:k - 1]
 
 
-def enqueue(study: optuna.Study, k: int) -> list[int]:
-    """Enqueue the leaders' configurations once per study (label "confirm trial N"); the trial numbers confirmed."""
+def enqueue(study: optuna.Study, k: int, *, holdouts: bool = False) -> list[int]:
+    """Enqueue the leaders' configurations once per study (label "confirm trial N"); the trial numbers confirmed.
+    `holdouts`: also a held-out probe of each (label "held-out probe of trial N"), queued after every confirmation,
+    where all the leaders share one restart key (one launch measures them all)."""
     if CONFIRM_ATTR in study.user_attrs:
         return []
     chosen = leaders(study, k)
     for r in chosen:
         _enqueue_again(study, r, "confirms", f"confirm trial {r.number}")
+    if holdouts and chosen and len({restart_key(Candidate.from_params(_planned(r))) for r in chosen}) == 1:
+        for r in chosen:
+            _enqueue_again(study, r, HOLDS_OUT, f"held-out probe of trial {r.number}")
+        study.set_user_attr(HOLDOUT_ATTR, [r.number for r in chosen])
     study.set_user_attr(CONFIRM_ATTR, [r.number for r in chosen])
     return [r.number for r in chosen]
+
+
+def choose(study: optuna.Study, among: list[int] | None = None) -> int | None:
+    """Choose the export now and fix it (EXPORT_CHOSEN_ATTR), once per study: the first by the ranking of those
+    `among` (all where None, or where none of them has a result); the trial chosen, None where nothing was measured."""
+    if EXPORT_CHOSEN_ATTR in study.user_attrs:
+        return study.user_attrs[EXPORT_CHOSEN_ATTR]
+    ranked = best_records(study, k=len(study.trials))
+    picked = [r for r in ranked if among is None or r.number in among] or ranked
+    chosen = picked[0].number if picked else None
+    study.set_user_attr(EXPORT_CHOSEN_ATTR, chosen)
+    return chosen
+
+
+def seal_holdout(study: optuna.Study, trial: optuna.Trial) -> None:
+    """Before a held-out probe's outcome is stored: the export is chosen (if it is not yet) among the leaders the
+    launch confirmed, then the probe becomes the export's verifying probe if it measured the export, else one more
+    confirmation of its own leader.
+
+    Among the leaders only: their confirmations ran in one launch, so whatever that launch's conditions added to its
+    steps (on one H100 two launches measured one configuration 0.4-0.6% apart, 2026-12-07) is common to all of them
+    and cannot choose one; a configuration outside the launch, measured in another launch, could win or lose by it,
+    and the held-out probe, in the same launch as the confirmations, would keep that luck in the export's score."""
+    chosen = choose(study, among=study.user_attrs.get(HOLDOUT_ATTR))
+    leader = trial.user_attrs[HOLDS_OUT]
+    trial.set_user_attr("verifies" if leader == chosen else "confirms", leader)
 
 
 def verify(study: optuna.Study) -> int | None:
@@ -72,8 +118,12 @@ def verify(study: optuna.Study) -> int | None:
     return chosen.number if chosen else None
 
 
+def _planned(rec) -> dict:
+    return rec.user_attrs.get("candidate") or dict(rec.params)
+
+
 def _enqueue_again(study: optuna.Study, rec, role: str, label: str) -> None:
-    """Queue a measured configuration's probe again; `role` ("confirms" or "verifies") names the trial it repeats."""
-    planned = rec.user_attrs.get("candidate") or dict(rec.params)
-    study.enqueue_trial(dict(rec.params), user_attrs={role: rec.number, "label": label, PLANNED_ATTR: planned},
+    """Queue a measured configuration's probe again; `role` ("confirms", "verifies" or HOLDS_OUT) names the trial it
+    repeats."""
+    study.enqueue_trial(dict(rec.params), user_attrs={role: rec.number, "label": label, PLANNED_ATTR: _planned(rec)},
                         skip_if_exists=False)

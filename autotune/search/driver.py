@@ -277,14 +277,23 @@ def _run_trials(ctx: StudyContext, study: optuna.Study, executor: Executor, on_t
     # the trials and probes kept for confirming the leaders, then for verifying the export (search/confirm.py), until
     # the search has spent the rest
     to_confirm, to_verify = confirm_held(cfg, ctx.runner), verify_held(cfg, ctx.runner)
+    # configurations one launch of this study holds (1 until a launch showed the runner shares them): where it holds
+    # a leader twice, the export is verified by held-out probes in the confirmations' launch (search/confirm.py)
+    launch_room = [1]
+
+    def holdout_leaders() -> int:
+        return min(to_confirm, launch_room[0] // 2) if to_verify else 0
 
     def confirmed() -> bool:
         return not to_confirm or confirm.CONFIRM_ATTR in study.user_attrs
 
     def verified() -> bool:
-        return not to_verify or EXPORT_CHOSEN_ATTR in study.user_attrs
+        return (not to_verify or EXPORT_CHOSEN_ATTR in study.user_attrs
+                or confirm.HOLDOUT_ATTR in study.user_attrs)  # the held-out probes are queued: no verifying launch
 
     def held() -> int:
+        if holdout_leaders() and not confirmed():  # each leader's confirmation and its held-out probe
+            return 2 * max(len(confirm.leaders(study, holdout_leaders())), 1)
         return (0 if confirmed() else to_confirm) + (0 if verified() else to_verify)
 
     def target() -> int:
@@ -314,12 +323,20 @@ def _run_trials(ctx: StudyContext, study: optuna.Study, executor: Executor, on_t
                     _end_trial(study, trial, running, on_trial)
                 else:
                     launches = [Launch(trial, *prepared)]
+                    if ctx.runner.can_share(launches[0].request):
+                        launch_room[0] = max(launch_room[0], group_size(cfg, ctx.runner, executor))
                     launches += _group_members(ctx, study, executor, launches[0], running, on_trial, held())
                     executor.submit_group(launches, [_reporter(ctx, study, la.trial) for la in launches])
                 stop = budget_left(cfg, study, started_s, held())
             if not executor.in_flight():
                 if not confirmed():  # the search has spent its share: probe the leaders again, then go on
-                    confirm.enqueue(study, to_confirm)
+                    left = cfg.trials - finished_count(study)
+                    if cfg.budget.probes is not None:
+                        left = min(left, cfg.budget.probes - spent(study, cfg.world_size).probes)
+                    if holdout_leaders() and left >= 2:
+                        confirm.enqueue(study, min(holdout_leaders(), left // 2), holdouts=True)
+                    else:
+                        confirm.enqueue(study, to_confirm)
                     continue
                 if not verified():  # the confirmations are in: choose the export, then measure it once more
                     confirm.verify(study)
@@ -327,7 +344,10 @@ def _run_trials(ctx: StudyContext, study: optuna.Study, executor: Executor, on_t
                 if stop and finished_count(study) < cfg.trials:
                     study.set_user_attr("stopped_by", stop)
                 break
-            for done in executor.wait():
+            # a launch's held-out probes are stored last, the export chosen before the first of them
+            for done in sorted(executor.wait(), key=lambda d: confirm.HOLDS_OUT in d.launch.trial.user_attrs):
+                if confirm.HOLDS_OUT in done.launch.trial.user_attrs:
+                    _unless_taken_over(study, done.launch.trial, lambda: confirm.seal_holdout(study, done.launch.trial))
                 _store_outcome(study, done)
                 posterior.store(study, cfg)  # before the trial's end is reported: the summary ranks by it
                 _end_trial(study, done.launch.trial, running, on_trial)

@@ -33,6 +33,8 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.storage.records import probe_role
+
 # How often a running trial's tuner says it is alive, and how long a silence means it is gone. The grace
 # covers the storage back-off (storage/urls.py, about 31 s), so a tuner riding out a database restart is
 # not taken for dead. AUTOTUNE_HEARTBEAT_S shortens both for fault-injection runs (benchmarks/faults.py).
@@ -83,10 +85,12 @@ def take(trial: optuna.Trial) -> None:
 
 
 def claim(study: optuna.Study, trial: optuna.Trial) -> FrozenTrial | None:
-    """Record the trial's configuration; return another RUNNING trial that holds the same one, if any."""
+    """Record the trial's configuration; return another RUNNING trial that holds the same one, if any. The baseline
+    and a probe that repeats a configuration on purpose (a confirmation, a held-out probe that runs in the same launch
+    as its leader's confirmation: search/confirm.py) hold none."""
     key = config_key(trial.params)
     trial.set_user_attr("config_key", key)
-    if trial.user_attrs.get("baseline"):
+    if trial.user_attrs.get("baseline") or probe_role(trial.user_attrs) != "search":
         return None
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if t.number != trial.number and t.user_attrs.get("config_key") == key:

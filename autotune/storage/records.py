@@ -126,15 +126,18 @@ def rank(measured: list[TrialRecord], base_params: dict, posterior: dict | None 
 
 
 def still_chosen(measured: list[TrialRecord], chosen: int | None) -> TrialRecord | None:
-    """The export fixed before its verifying probe, once that probe is in and while nothing was measured after it
-    (a resumed study that searched on chooses again)."""
+    """The export fixed before its verifying probe, once that probe is in and while the search measured nothing
+    after it (a resumed study that searched on chooses again; another leader's held-out probe, measured in the same
+    launch, search/confirm.seal_holdout, is no search)."""
     fixed = next((r for r in measured if r.number == chosen), None) if chosen is not None else None
     verified_at = max((p["trial"] for p in (fixed.user_attrs.get("repeats") or ()) if p.get("role") == "verify"),
                       default=None) if fixed else None
     if verified_at is None:
         return None
     later = any(n > verified_at for r in measured if r is not fixed
-                for n in [r.number, *(p["trial"] for p in r.user_attrs.get("repeats") or ())])
+                for n, role in [(r.number, probe_role(r.user_attrs)),
+                                *((p["trial"], p.get("role")) for p in r.user_attrs.get("repeats") or ())]
+                if role == "search")
     return None if later else fixed
 
 
@@ -193,8 +196,11 @@ def pooled(measured: list[TrialRecord]) -> list[TrialRecord]:
 
 def probe_role(user_attrs: dict) -> str:
     """Why a trial probed its configuration, from its user attributes: "verify" (the export's probe after it was
-    chosen, search/confirm.verify), "confirm" (a leader's probe again) or "search"."""
-    return "verify" if "verifies" in user_attrs else "confirm" if "confirms" in user_attrs else "search"
+    chosen, search/confirm.verify), "confirm" (a leader's probe again), "holdout" (a leader's held-out probe whose
+    outcome is not stored yet: search/confirm.seal_holdout makes it one of the two) or "search"."""
+    if "verifies" in user_attrs:
+        return "verify"
+    return "confirm" if "confirms" in user_attrs else "holdout" if "holds_out" in user_attrs else "search"
 
 
 # Scores this close to the fastest are one result (issue 32 item 5): a difference no run's wall time shows, below a

@@ -12,10 +12,13 @@ import pytest
 
 from autotune.backends.sim import SimRunner
 from autotune.cli import status_line
-from autotune.config import Budget, SearchOptions
+from autotune.config import Budget, ProbeBudget, SearchOptions
 from autotune.search import confirm
 from autotune.search.budget import confirm_held, verify_held
 from autotune.search.driver import run_study
+from autotune.search.groups import GROUP_ATTR
+from autotune.spaces.candidate import Candidate
+from autotune.verl.step_knobs import STEP_KNOBS
 from autotune.storage.records import EXPORT_CHOSEN_ATTR, best_records, records
 from autotune.storage.results import summary
 from sim_study import sim_cfg as _cfg
@@ -177,3 +180,86 @@ def test_a_verifying_probe_that_never_measured_leaves_the_ranking_to_the_scores(
     best = best_records(study, k=3)
     assert [r.number for r in best] == [2, 1, 0]
     assert best[0].tokens_per_s_per_gpu == pytest.approx(230.0)
+
+
+def test_where_a_launch_holds_the_leaders_twice_their_held_out_probes_verify_the_export_in_that_launch(tmp_path,
+                                                                                                     monkeypatch):
+    """Shared launches: each leader's confirmation and a held-out probe of it run in one launch, with no verifying
+    launch after it; the export is chosen before any held-out probe is stored, and the chosen one's held-out probe
+    alone is its score."""
+    seen_at_choice = []
+    real_choose = confirm.choose
+
+    def spy(study, among=None):
+        if confirm.EXPORT_CHOSEN_ATTR not in study.user_attrs:
+            seen_at_choice.append(({t.number for t in study.trials if t.state.is_finished()}, among))
+        return real_choose(study, among)
+
+    monkeypatch.setattr(confirm, "choose", spy)
+    # one layout (every knob but the per-step ones fixed): the leaders share a restart key, as a real study's often do
+    one_layout = {k: v for k, v in Candidate(gradient_checkpointing=True).as_params().items()
+                  if k not in STEP_KNOBS and k not in ("actor_ep", "actor_etp", "use_dynamic_bsz")}
+    study = run_study(_cfg(tmp_path, trials=16, fixed={**one_layout, "use_dynamic_bsz": False},
+                           probe=ProbeBudget(configs_per_launch=4)), _NoisyMachine(seed=1))
+    assert len(study.trials) == 16, "the confirmations and their held-out probes come out of --trials"
+    leaders = study.user_attrs[confirm.CONFIRM_ATTR]
+    assert study.user_attrs[confirm.HOLDOUT_ATTR] == leaders
+    confirming = [t for t in study.trials if confirm.HOLDS_OUT not in t.user_attrs and "confirms" in t.user_attrs]
+    held_out = [t for t in study.trials if confirm.HOLDS_OUT in t.user_attrs]
+    assert sorted(t.user_attrs[confirm.HOLDS_OUT] for t in held_out) == sorted(leaders)
+    assert not [t for t in study.trials if str(t.user_attrs.get("label", "")).startswith("verify trial")]
+    # one launch: its lead is the first confirmation, the rest joined it
+    lead = min(t.number for t in confirming)
+    assert all(t.number == lead or t.user_attrs.get(GROUP_ATTR) == lead for t in confirming + held_out)
+    assert all(t.user_attrs.get("launched") and "duplicate_of" not in t.user_attrs for t in confirming + held_out)
+    ((finished_then, among),) = seen_at_choice
+    assert among == leaders, "chosen among the leaders the launch confirmed"
+    assert {t.number for t in confirming} <= finished_then
+    assert not {t.number for t in held_out} & finished_then, "no held-out probe was stored when the export was chosen"
+    chosen = study.user_attrs[EXPORT_CHOSEN_ATTR]
+    (verifying,) = [t for t in held_out if "verifies" in t.user_attrs]
+    assert verifying.user_attrs["verifies"] == chosen == verifying.user_attrs[confirm.HOLDS_OUT]
+    assert all(t.user_attrs["confirms"] == t.user_attrs[confirm.HOLDS_OUT] for t in held_out if t is not verifying)
+    best = best_records(study, k=1)[0]
+    assert best.number == chosen
+    (scored,) = [p for p in best.user_attrs["repeats"] if p["scored"]]
+    assert scored["trial"] == verifying.number and scored["role"] == "verify"
+    assert best.tokens_per_s_per_gpu == pytest.approx(verifying.user_attrs["tokens_per_s_per_gpu"], rel=1e-9)
+    line = status_line(summary(study, f"sqlite:///{tmp_path / 'a.db'}"), 16, 16)
+    assert f"scored by its verifying probe {verifying.number}" in line
+
+
+def test_held_out_probes_only_where_the_leaders_share_one_restart_key():
+    study = _candidate_study({0: (Candidate(), 100.0), 1: (Candidate(ppo_micro_batch_size_per_gpu=8), 230.0),
+                              2: (Candidate(ppo_micro_batch_size_per_gpu=32), 225.0)})
+    assert confirm.enqueue(study, 2, holdouts=True) == [1, 2]
+    assert study.user_attrs[confirm.HOLDOUT_ATTR] == [1, 2]
+    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert [t.user_attrs.get("confirms", t.user_attrs.get(confirm.HOLDS_OUT)) for t in waiting] == [1, 2, 1, 2]
+    assert [t.user_attrs["label"] for t in waiting][2:] == ["held-out probe of trial 1", "held-out probe of trial 2"]
+    apart = _candidate_study({0: (Candidate(), 100.0), 1: (Candidate(ppo_micro_batch_size_per_gpu=8), 230.0),
+                              2: (Candidate(actor_engine="fsdp2"), 225.0)})
+    assert confirm.enqueue(apart, 2, holdouts=True) == [1, 2]
+    assert confirm.HOLDOUT_ATTR not in apart.user_attrs
+    assert not [t for t in apart.trials if confirm.HOLDS_OUT in t.user_attrs]
+
+
+def _candidate_study(rows: dict) -> optuna.Study:
+    study = optuna.create_study(direction="maximize")
+    for number, (cand, tps) in sorted(rows.items()):
+        study.add_trial(optuna.trial.create_trial(
+            params={}, distributions={}, value=tps,
+            user_attrs={"state": "measured", "feasible": True, "tokens_per_s_per_gpu": tps, "baseline": number == 0,
+                        "candidate": cand.as_params(), "series": {"perf/throughput": [tps]}}))
+    return study
+
+
+def test_the_export_is_chosen_among_the_leaders_the_launch_confirmed():
+    """A configuration measured in another launch does not overtake the confirmed leaders at the choice: what one
+    launch's conditions add is common to its leaders, not to it."""
+    study = _measured_study({0: 100.0, 1: 230.0, 2: 220.0, 3: 228.0})
+    assert confirm.choose(study, among=[1, 2]) == 1
+    assert confirm.choose(study) == 1, "fixed once"
+    outside = _measured_study({0: 100.0, 1: 230.0, 2: 220.0, 3: 240.0})
+    assert confirm.choose(outside, among=[1, 2]) == 1
+    assert confirm.choose(_measured_study({0: 100.0, 1: 240.0}), among=[5, 6]) == 1, "no leader measured: the best"
