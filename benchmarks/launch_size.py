@@ -29,6 +29,7 @@ from optimum import exact_optimum  # noqa: E402
 from truths import TRUTH_BY_NAME, Machine  # noqa: E402
 
 from autotune.config import Budget, ProbeBudget, SearchOptions  # noqa: E402
+from autotune.search.confirm import HOLDOUT_ATTR, HOLDS_OUT  # noqa: E402
 from autotune.search.learned import NOISY_ATTR  # noqa: E402
 from autotune.spaces.candidate import Candidate  # noqa: E402
 from autotune.storage.records import TrialRecord, baseline_record  # noqa: E402
@@ -48,7 +49,9 @@ def search(machine: Machine, cap: int, gpu_hours: float) -> dict:
     cost = tuning_cost([TrialRecord.of(t) for t in trials], cfg.world_size, simulated=True)
     return {"true": true, "probes": cost["probes"], "launches": cost["launches"], "gpu_hours": cost["gpu_hours"],
             "efficiency": cost["probe_efficiency"] or 0.0,
-            "measured_over_true": export.tokens_per_s_per_gpu / true if export and true else float("nan")}
+            "measured_over_true": export.tokens_per_s_per_gpu / true if export and true else float("nan"),
+            "held_out": HOLDOUT_ATTR in study.user_attrs, "verify_launch": any(
+                "verifies" in t.user_attrs and HOLDS_OUT not in t.user_attrs for t in trials)}
 
 
 def run_unit(unit: tuple) -> list[dict]:
@@ -88,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.gpu_hours:g} GPU-hours per search\n")
     print("| noise sigma (per launch) | configurations per launch (cap) | mean regret of the export | worst "
           "| configurations measured (mean) | launches (mean) | GPU-hours spent (mean) | timed share "
-          "| export measured/true (median) | searches |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| export measured/true (median) | verified by held-out probes / by a probe of its own | searches |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for sigma in args.sigma:
         for cap in args.caps:
             runs = [r for r in rows if r["sigma"] == sigma and r["cap"] == cap]
@@ -100,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"| {statistics.fmean(r['launches'] for r in runs):.1f} "
                   f"| {statistics.fmean(r['gpu_hours'] for r in runs):.1f} "
                   f"| {100 * statistics.fmean(r['efficiency'] for r in runs):.0f}% "
-                  f"| {statistics.median(r['measured_over_true'] for r in runs):.3f} | {len(runs)} |")
+                  f"| {statistics.median(r['measured_over_true'] for r in runs):.3f} "
+                  f"| {sum(r['held_out'] for r in runs)} / {sum(r['verify_launch'] for r in runs)} | {len(runs)} |")
     return 0
 
 

@@ -62,16 +62,36 @@ def leaders(study: optuna.Study, k: int) -> list:
     return [best] + close[:k - 1]
 
 
-def enqueue(study: optuna.Study, k: int, *, holdouts: bool = False) -> list[int]:
+def one_launch(leading: list) -> bool:
+    """Whether these leaders share one restart key: one launch can measure them all, and their held-out probes."""
+    return len({restart_key(Candidate.from_params(_planned(r))) for r in leading}) == 1
+
+
+def stage_trials(study: optuna.Study, k: int, *, holdouts: bool, verify: int) -> int:
+    """The trials the confirmation stage will take if it starts now: each leader's confirmation, then its held-out
+    probe where they share one launch (`holdouts`), else `verify` for a verifying probe of its own."""
+    leading = leaders(study, k)
+    if holdouts and leading and one_launch(leading):
+        return 2 * len(leading)
+    return max(len(leading), 1) + verify
+
+
+def enqueue(study: optuna.Study, k: int, *, holdouts: bool = False, trials: int = 0) -> list[int]:
     """Enqueue the leaders' configurations once per study (label "confirm trial N"); the trial numbers confirmed.
     `holdouts`: also a held-out probe of each (label "held-out probe of trial N"), queued after every confirmation,
-    where all the leaders share one restart key (one launch measures them all)."""
+    where all the leaders share one restart key (one launch measures them all); then the stage takes `trials` (what
+    is left of the study's), the rest as more confirmations of the leaders, the fastest first, in the same launch: a
+    trial left over would search after the export was chosen."""
     if CONFIRM_ATTR in study.user_attrs:
         return []
     chosen = leaders(study, k)
+    held_out = holdouts and chosen and one_launch(chosen)
     for r in chosen:
         _enqueue_again(study, r, "confirms", f"confirm trial {r.number}")
-    if holdouts and chosen and len({restart_key(Candidate.from_params(_planned(r))) for r in chosen}) == 1:
+    if held_out:
+        for i in range(max(trials - 2 * len(chosen), 0)):
+            r = chosen[i % len(chosen)]
+            _enqueue_again(study, r, "confirms", f"confirm trial {r.number}")
         for r in chosen:
             _enqueue_again(study, r, HOLDS_OUT, f"held-out probe of trial {r.number}")
         study.set_user_attr(HOLDOUT_ATTR, [r.number for r in chosen])

@@ -292,8 +292,8 @@ def _run_trials(ctx: StudyContext, study: optuna.Study, executor: Executor, on_t
                 or confirm.HOLDOUT_ATTR in study.user_attrs)  # the held-out probes are queued: no verifying launch
 
     def held() -> int:
-        if holdout_leaders() and not confirmed():  # each leader's confirmation and its held-out probe
-            return 2 * max(len(confirm.leaders(study, holdout_leaders())), 1)
+        if holdout_leaders() and not confirmed():  # what the stage will take if it starts now
+            return confirm.stage_trials(study, holdout_leaders(), holdouts=True, verify=to_verify)
         return (0 if confirmed() else to_confirm) + (0 if verified() else to_verify)
 
     def target() -> int:
@@ -334,7 +334,8 @@ def _run_trials(ctx: StudyContext, study: optuna.Study, executor: Executor, on_t
                     if cfg.budget.probes is not None:
                         left = min(left, cfg.budget.probes - spent(study, cfg.world_size).probes)
                     if holdout_leaders() and left >= 2:
-                        confirm.enqueue(study, min(holdout_leaders(), left // 2), holdouts=True)
+                        confirm.enqueue(study, min(holdout_leaders(), left // 2), holdouts=True,
+                                        trials=min(left, launch_room[0]))
                     else:
                         confirm.enqueue(study, to_confirm)
                     continue

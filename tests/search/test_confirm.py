@@ -212,6 +212,7 @@ def test_where_a_launch_holds_the_leaders_twice_their_held_out_probes_verify_the
     lead = min(t.number for t in confirming)
     assert all(t.number == lead or t.user_attrs.get(GROUP_ATTR) == lead for t in confirming + held_out)
     assert all(t.user_attrs.get("launched") and "duplicate_of" not in t.user_attrs for t in confirming + held_out)
+    assert {t.number for t in confirming + held_out} == set(range(lead, 16)), "nothing searched after the choice"
     ((finished_then, among),) = seen_at_choice
     assert among == leaders, "chosen among the leaders the launch confirmed"
     assert {t.number for t in confirming} <= finished_then
@@ -237,6 +238,12 @@ def test_held_out_probes_only_where_the_leaders_share_one_restart_key():
     waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
     assert [t.user_attrs.get("confirms", t.user_attrs.get(confirm.HOLDS_OUT)) for t in waiting] == [1, 2, 1, 2]
     assert [t.user_attrs["label"] for t in waiting][2:] == ["held-out probe of trial 1", "held-out probe of trial 2"]
+    filled = _candidate_study({0: (Candidate(), 100.0), 1: (Candidate(ppo_micro_batch_size_per_gpu=8), 230.0),
+                               2: (Candidate(ppo_micro_batch_size_per_gpu=32), 225.0)})
+    assert confirm.enqueue(filled, 2, holdouts=True, trials=5) == [1, 2]
+    waiting = filled.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert [(t.user_attrs.get("confirms"), t.user_attrs.get(confirm.HOLDS_OUT)) for t in waiting] == [
+        (1, None), (2, None), (1, None), (None, 1), (None, 2)], "what is left of the study confirms, fastest first"
     apart = _candidate_study({0: (Candidate(), 100.0), 1: (Candidate(ppo_micro_batch_size_per_gpu=8), 230.0),
                               2: (Candidate(actor_engine="fsdp2"), 225.0)})
     assert confirm.enqueue(apart, 2, holdouts=True) == [1, 2]
