@@ -14,7 +14,9 @@
 #      last: collect before it where time is short;
 #   5. (an H100 only: SKIP="0 1 2 3 4") issue 28's study on an H100: the H100 seed study of 2026-12-07 (step 0's,
 #      one launch of 4) resumed for two more launches (tune_shared_h100.yaml: up to 16 configurations, then the
-#      leaders probed again), about 1,300-1,450 s.
+#      leaders probed again), about 1,300-1,450 s;
+#   6. (an H100 only: SKIP="0 1 2 3 4 5") the same seed study resumed under the GPU-time member rule and the held-out
+#      confirmation stage (tune_holdout_h100.yaml: dry run a launch of 4, then the stage in one launch), about 800 s.
 # In this order because device time is short and H200s were scarce (2026-12-06): what needs the most of it last.
 # Env: SKIP (step numbers to leave out): "0 3 4" on a kind of node with a profile source (the H200), "1 3 4" on one
 # without (an H100: step 0 learns the profile that step 2 starts from)
@@ -45,5 +47,7 @@ fi
 skip 3 || study third AT=/tmp/at_seed TUNE=benchmarks/verl_h200/tune_shared_3.yaml TRIALS=34 SEED=7
 skip 5 || study h100_shared RESUME_DB=benchmarks/results/h100-2026-12-07-verl-profile/seed_node/autotune.db \
     TUNE=benchmarks/verl_h200/tune_shared_h100.yaml TRIALS=23 SEED=7
+skip 6 || study h100_holdout RESUME_DB=benchmarks/results/h100-2026-12-07-verl-profile/seed_node/autotune.db \
+    TUNE=benchmarks/verl_h200/tune_holdout_h100.yaml TRIALS=12 SEED=7
 cp -r "${AUTOTUNE_PROFILE_DIR:-$HOME/.cache/autotune/node-profiles}" "$RES/node-profiles" 2>/dev/null
 stamp ALL DONE
