@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import math
 import random
+import shutil
 from dataclasses import replace
+from pathlib import Path
 
 import optuna
 import pytest
@@ -270,3 +272,27 @@ def test_the_export_is_chosen_among_the_leaders_the_launch_confirmed():
     outside = _measured_study({0: 100.0, 1: 230.0, 2: 220.0, 3: 240.0})
     assert confirm.choose(outside, among=[1, 2]) == 1
     assert confirm.choose(_measured_study({0: 100.0, 1: 240.0}), among=[5, 6]) == 1, "no leader measured: the best"
+
+
+def test_on_a_real_h100_the_confirmations_and_held_out_probes_ran_in_one_launch_that_verified_the_export(tmp_path):
+    """benchmarks/results/h100-2026-12-07-holdout-study: real verl on one H100 resumed the seed study (one launch of
+    4) under this stage; its last launch measured two leaders' confirmations and held-out probes, and the export's
+    score is its held-out probe, taken in that launch after the choice (autotune train on the export, on the same
+    node: 3713 tokens/s/GPU at step 2)."""
+    db = tmp_path / "autotune.db"
+    shutil.copy(Path(__file__).parents[2] / "benchmarks" / "results" / "h100-2026-12-07-holdout-study" / "autotune.db",
+                db)
+    study = optuna.load_study(study_name="qwen2.5-1.5b-1x1-verl", storage=f"sqlite:///{db}")
+    leading = study.user_attrs[confirm.HOLDOUT_ATTR]
+    assert sorted(leading) == [4, 5] and study.user_attrs[confirm.CONFIRM_ATTR] == leading
+    stage = [t for t in study.trials if "confirms" in t.user_attrs or confirm.HOLDS_OUT in t.user_attrs]
+    assert [t.number for t in stage] == [8, 9, 10, 11]
+    assert {t.user_attrs.get(GROUP_ATTR, t.number) for t in stage} == {8}, "one launch"
+    assert all(t.user_attrs["state"] == "measured" for t in stage)
+    assert study.user_attrs[EXPORT_CHOSEN_ATTR] == 4
+    best = best_records(study, k=1)[0]
+    assert best.number == 4
+    (scored,) = [p for p in best.user_attrs["repeats"] if p["scored"]]
+    assert scored["trial"] == 11 and scored["role"] == "verify"
+    assert best.tokens_per_s_per_gpu == pytest.approx(3718.8, abs=0.5)
+    assert best.tokens_per_s_per_gpu == pytest.approx(3713.1, rel=0.01), "autotune train on the export, same node"
