@@ -67,31 +67,33 @@ def one_launch(leading: list) -> bool:
     return len({restart_key(Candidate.from_params(_planned(r))) for r in leading}) == 1
 
 
-def stage_trials(study: optuna.Study, k: int, *, holdouts: bool, verify: int) -> int:
-    """The trials the confirmation stage will take if it starts now: each leader's confirmation, then its held-out
-    probe where they share one launch (`holdouts`), else `verify` for a verifying probe of its own."""
+def stage_trials(study: optuna.Study, k: int, *, holdouts: bool, verify: int) -> tuple[int, bool]:
+    """The trials the confirmation stage will take if it starts now, and whether it is one launch: each leader's
+    confirmation, then its held-out probe where they share one launch (`holdouts`), else `verify` for a verifying
+    probe of its own."""
     leading = leaders(study, k)
     if holdouts and leading and one_launch(leading):
-        return 2 * len(leading)
-    return max(len(leading), 1) + verify
+        return 2 * len(leading), True
+    return max(len(leading), 1) + verify, False
 
 
-def enqueue(study: optuna.Study, k: int, *, holdouts: bool = False, trials: int = 0) -> list[int]:
+def enqueue(study: optuna.Study, k: int, *, holdouts: bool = False, trials: int = 0, verify: int = 0) -> list[int]:
     """Enqueue the leaders' configurations once per study (label "confirm trial N"); the trial numbers confirmed.
     `holdouts`: also a held-out probe of each (label "held-out probe of trial N"), queued after every confirmation,
-    where all the leaders share one restart key (one launch measures them all); then the stage takes `trials` (what
-    is left of the study's), the rest as more confirmations of the leaders, the fastest first, in the same launch: a
-    trial left over would search after the export was chosen."""
+    where all the leaders share one restart key (one launch measures them all). Where `trials` (what is left of the
+    study's) is more than the stage takes (with `verify` kept for a verifying probe of its own where there are no
+    held-out probes), the rest are more confirmations, the fastest leader's first, each in its leader's launch: a
+    trial left over would be a launch of its own, or search after the export was chosen."""
     if CONFIRM_ATTR in study.user_attrs:
         return []
     chosen = leaders(study, k)
     held_out = holdouts and chosen and one_launch(chosen)
-    for r in chosen:
+    extra = max(trials - (2 * len(chosen) if held_out else len(chosen) + verify), 0) if chosen else 0
+    for i, r in enumerate(chosen):
         _enqueue_again(study, r, "confirms", f"confirm trial {r.number}")
-    if held_out:
-        for i in range(max(trials - 2 * len(chosen), 0)):
-            r = chosen[i % len(chosen)]
+        for _ in range(extra // len(chosen) + (i < extra % len(chosen))):
             _enqueue_again(study, r, "confirms", f"confirm trial {r.number}")
+    if held_out:
         for r in chosen:
             _enqueue_again(study, r, HOLDS_OUT, f"held-out probe of trial {r.number}")
         study.set_user_attr(HOLDOUT_ATTR, [r.number for r in chosen])

@@ -284,6 +284,13 @@ def _run_trials(ctx: StudyContext, study: optuna.Study, executor: Executor, on_t
     def holdout_leaders() -> int:
         return min(to_confirm, launch_room[0] // 2) if to_verify else 0
 
+    def trials_left() -> int:
+        """Trials (and probes, under a probe budget) the study has still to start."""
+        left = cfg.trials - finished_count(study) - executor.in_flight()
+        if cfg.budget.probes is not None:
+            left = min(left, cfg.budget.probes - spent(study, cfg.world_size).probes)
+        return left
+
     def confirmed() -> bool:
         return not to_confirm or confirm.CONFIRM_ATTR in study.user_attrs
 
@@ -293,7 +300,10 @@ def _run_trials(ctx: StudyContext, study: optuna.Study, executor: Executor, on_t
 
     def held() -> int:
         if holdout_leaders() and not confirmed():  # what the stage will take if it starts now
-            return confirm.stage_trials(study, holdout_leaders(), holdouts=True, verify=to_verify)
+            need, one = confirm.stage_trials(study, holdout_leaders(), holdouts=True, verify=to_verify)
+            # a single trial left before a stage of one launch would be a launch's start-up for one step: the
+            # stage takes it, as one more confirmation in its launch
+            return need + 1 if one and trials_left() - need == 1 and need < launch_room[0] else need
         return (0 if confirmed() else to_confirm) + (0 if verified() else to_verify)
 
     def target() -> int:
@@ -330,12 +340,10 @@ def _run_trials(ctx: StudyContext, study: optuna.Study, executor: Executor, on_t
                 stop = budget_left(cfg, study, started_s, held())
             if not executor.in_flight():
                 if not confirmed():  # the search has spent its share: probe the leaders again, then go on
-                    left = cfg.trials - finished_count(study)
-                    if cfg.budget.probes is not None:
-                        left = min(left, cfg.budget.probes - spent(study, cfg.world_size).probes)
+                    left = trials_left()
                     if holdout_leaders() and left >= 2:
                         confirm.enqueue(study, min(holdout_leaders(), left // 2), holdouts=True,
-                                        trials=min(left, launch_room[0]))
+                                        trials=min(left, launch_room[0]), verify=to_verify)
                     else:
                         confirm.enqueue(study, to_confirm)
                     continue

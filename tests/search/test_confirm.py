@@ -245,12 +245,14 @@ def test_held_out_probes_only_where_the_leaders_share_one_restart_key():
     assert confirm.enqueue(filled, 2, holdouts=True, trials=5) == [1, 2]
     waiting = filled.get_trials(states=(optuna.trial.TrialState.WAITING,))
     assert [(t.user_attrs.get("confirms"), t.user_attrs.get(confirm.HOLDS_OUT)) for t in waiting] == [
-        (1, None), (2, None), (1, None), (None, 1), (None, 2)], "what is left of the study confirms, fastest first"
+        (1, None), (1, None), (2, None), (None, 1), (None, 2)], "what is left of the study confirms, fastest first"
     apart = _candidate_study({0: (Candidate(), 100.0), 1: (Candidate(ppo_micro_batch_size_per_gpu=8), 230.0),
                               2: (Candidate(actor_engine="fsdp2"), 225.0)})
-    assert confirm.enqueue(apart, 2, holdouts=True) == [1, 2]
+    assert confirm.enqueue(apart, 2, holdouts=True, trials=4, verify=1) == [1, 2]
     assert confirm.HOLDOUT_ATTR not in apart.user_attrs
     assert not [t for t in apart.trials if confirm.HOLDS_OUT in t.user_attrs]
+    waiting = apart.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert [t.user_attrs["confirms"] for t in waiting] == [1, 1, 2], "a verifying probe's trial kept, the rest confirm"
 
 
 def _candidate_study(rows: dict) -> optuna.Study:
