@@ -340,7 +340,8 @@ def _run_trials(ctx: StudyContext, study: optuna.Study, executor: Executor, on_t
                 stop = budget_left(cfg, study, started_s, held())
             if not executor.in_flight():
                 if not confirmed():  # the search has spent its share: probe the leaders again, then go on
-                    left = trials_left()
+                    # what the stage reserved (under a GPU-hour or wall-time budget the trials left say nothing)
+                    left = min(trials_left(), held())
                     if holdout_leaders() and left >= 2:
                         confirm.enqueue(study, min(holdout_leaders(), left // 2), holdouts=True,
                                         trials=min(left, launch_room[0]), verify=to_verify)

@@ -198,11 +198,8 @@ def test_where_a_launch_holds_the_leaders_twice_their_held_out_probes_verify_the
         return real_choose(study, among)
 
     monkeypatch.setattr(confirm, "choose", spy)
-    # one layout (every knob but the per-step ones fixed): the leaders share a restart key, as a real study's often do
-    one_layout = {k: v for k, v in Candidate(gradient_checkpointing=True).as_params().items()
-                  if k not in STEP_KNOBS and k not in ("actor_ep", "actor_etp", "use_dynamic_bsz")}
-    study = run_study(_cfg(tmp_path, trials=16, fixed={**one_layout, "use_dynamic_bsz": False},
-                           probe=ProbeBudget(configs_per_launch=4)), _NoisyMachine(seed=1))
+    study = run_study(_cfg(tmp_path, trials=16, fixed=_one_layout(), probe=ProbeBudget(configs_per_launch=4)),
+                      _NoisyMachine(seed=1))
     assert len(study.trials) == 16, "the confirmations and their held-out probes come out of --trials"
     leaders = study.user_attrs[confirm.CONFIRM_ATTR]
     assert study.user_attrs[confirm.HOLDOUT_ATTR] == leaders
@@ -230,6 +227,24 @@ def test_where_a_launch_holds_the_leaders_twice_their_held_out_probes_verify_the
     assert best.tokens_per_s_per_gpu == pytest.approx(verifying.user_attrs["tokens_per_s_per_gpu"], rel=1e-9)
     line = status_line(summary(study, f"sqlite:///{tmp_path / 'a.db'}"), 16, 16)
     assert f"scored by its verifying probe {verifying.number}" in line
+
+
+def test_under_a_gpu_hour_budget_the_stage_takes_what_it_reserved_not_the_trials_left(tmp_path):
+    """--trials says nothing under a GPU-hour budget: the stage is the leaders' confirmations and held-out probes (a
+    launch of 16 once took 16 confirmations past the budget)."""
+    study = run_study(_cfg(tmp_path, trials=500, budget=Budget(gpu_hours=4.0), fixed=_one_layout(),
+                           probe=ProbeBudget(configs_per_launch=16)), _NoisyMachine(seed=1))
+    leading = study.user_attrs[confirm.HOLDOUT_ATTR]
+    stage = [t for t in study.trials if "confirms" in t.user_attrs or confirm.HOLDS_OUT in t.user_attrs]
+    assert len(stage) in (2 * len(leading), 2 * len(leading) + 1)
+    assert len(study.trials) < 40
+
+
+def _one_layout() -> dict:
+    """Every knob but the per-step ones fixed: the leaders share a restart key, as a real study's often do."""
+    one = {k: v for k, v in Candidate(gradient_checkpointing=True).as_params().items()
+           if k not in STEP_KNOBS and k not in ("actor_ep", "actor_etp", "use_dynamic_bsz")}
+    return {**one, "use_dynamic_bsz": False}
 
 
 def test_held_out_probes_only_where_the_leaders_share_one_restart_key():
