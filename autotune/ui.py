@@ -12,8 +12,8 @@ from autotune.storage.changes import changes_doc, describe_changes
 from autotune.storage.results import trial_doc
 from autotune.storage.tuning_cost import launch_of
 from autotune.storage.node_profile import PROFILE_ATTR, describe_summary
-from autotune.storage.records import (TrialRecord, baseline_label, baseline_record, best_records, records,
-                                      verl_default_record)
+from autotune.storage.records import (TrialRecord, baseline_label, baseline_record, best_records, probe_role,
+                                      records, verl_default_record)
 
 _console = Console(highlight=False)
 if not _console.is_terminal:  # pipes and CI logs: wide enough for the configuration column
@@ -102,6 +102,13 @@ def print_best_table(study: optuna.Study, *, simulated: bool, k: int = 5) -> Non
     _console.print(LEGEND, markup=False, soft_wrap=True)
 
 
+def repeat_mark(user_attrs: dict) -> str:
+    """" cN" / " vN" / " hN" for a trial that probed trial N's configuration again (search/confirm.py), else ""."""
+    role = probe_role(user_attrs)
+    of = user_attrs.get("verifies", user_attrs.get("confirms", user_attrs.get("holds_out")))
+    return {"confirm": f" c{of}", "verify": f" v{of}", "holdout": f" h{of}"}.get(role, "")
+
+
 def print_trials(study: optuna.Study) -> None:
     recs = records(study)
     table = Table(title=f"study {study.study_name}: {len(recs)} trials")
@@ -114,7 +121,7 @@ def print_trials(study: optuna.Study) -> None:
         cand = r.user_attrs.get("candidate", {})
         detail = candidate_summary(cand) if r.feasible_measurement else r.reason
         mark = (" *" if r.baseline else "") + (" d" if default is not None and r.number == default.number else "") \
-            + (" BEST" if r.number == best_number else "")
+            + (" BEST" if r.number == best_number else "") + repeat_mark(r.user_attrs)
         table.add_row(str(r.number) + mark, r.state,
                       "" if r.tokens_per_s_per_gpu is None else f"{r.tokens_per_s_per_gpu:.0f}",
                       "" if r.mfu is None else f"{r.mfu:.3f}",
@@ -146,9 +153,11 @@ def print_trials(study: optuna.Study) -> None:
         if changed:
             _console.print(changed, markup=False, soft_wrap=True)
     base_text = "your job (baseline)" if label == "your job" else "verl's default configuration (baseline)"
+    repeats = ("; cN a confirmation of trial N, vN the export's verifying probe of trial N, hN a held-out probe of "
+               "trial N not yet read" if any(repeat_mark(r.user_attrs) for r in recs) else "")
     _console.print(f"* {base_text}" + ("; d verl's default configuration" if default else "")
                    + ("; BEST the best feasible trial, the one `autotune export` writes" if best_number is not None
-                      else "; no feasible trial yet"), markup=False)
+                      else "; no feasible trial yet") + repeats, markup=False, soft_wrap=True)
     _console.print(LEGEND, markup=False, soft_wrap=True)
 
 

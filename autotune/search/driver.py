@@ -340,11 +340,13 @@ def _run_trials(ctx: StudyContext, study: optuna.Study, executor: Executor, on_t
                 stop = budget_left(cfg, study, started_s, held())
             if not executor.in_flight():
                 if not confirmed():  # the search has spent its share: probe the leaders again, then go on
-                    # what the stage reserved (under a GPU-hour or wall-time budget the trials left say nothing)
-                    left = min(trials_left(), held())
-                    if holdout_leaders() and left >= 2:
-                        confirm.enqueue(study, min(holdout_leaders(), left // 2), holdouts=True,
-                                        trials=min(left, launch_room[0]), verify=to_verify)
+                    if holdout_leaders():
+                        # what the stage reserved (under a GPU-hour or wall-time budget the trials left say nothing)
+                        left = min(trials_left(), held())
+                        leading = confirm.leaders(study, holdout_leaders())
+                        one = bool(leading) and confirm.one_launch(leading) and left >= 2
+                        confirm.enqueue(study, min(holdout_leaders(), left // 2) if one else to_confirm,
+                                        holdouts=one, trials=min(left, launch_room[0]), verify=to_verify)
                     else:
                         confirm.enqueue(study, to_confirm)
                     continue

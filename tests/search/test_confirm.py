@@ -313,3 +313,26 @@ def test_on_a_real_h100_the_confirmations_and_held_out_probes_ran_in_one_launch_
     assert scored["trial"] == 11 and scored["role"] == "verify"
     assert best.tokens_per_s_per_gpu == pytest.approx(3718.8, abs=0.5)
     assert best.tokens_per_s_per_gpu == pytest.approx(3713.1, rel=0.01), "autotune train on the export, same node"
+
+
+def test_show_marks_the_confirmations_and_the_verifying_probe_of_the_real_h100_study(tmp_path, capsys):
+    from autotune.ui import print_trials
+
+    db = tmp_path / "autotune.db"
+    shutil.copy(Path(__file__).parents[2] / "benchmarks" / "results" / "h100-2026-12-07-holdout-study" / "autotune.db",
+                db)
+    print_trials(optuna.load_study(study_name="qwen2.5-1.5b-1x1-verl", storage=f"sqlite:///{db}"))
+    rows = {line.split("│")[1].strip() for line in capsys.readouterr().out.splitlines() if line.startswith("│")}
+    assert {"4 BEST", "8 c5", "9 c4", "10 c5", "11 v4"} <= rows
+
+
+def test_leaders_of_two_layouts_are_all_confirmed_and_the_export_verified_by_a_probe_of_its_own(tmp_path):
+    """Shared launches, but the leaders differ in restart key: no held-out probes (a held-out probe would share the
+    launch that chose its leader over the other), every leader confirmed, and the verifying probe after."""
+    study = run_study(_cfg(tmp_path, trials=16, probe=ProbeBudget(configs_per_launch=4)), _NoisyMachine(seed=1))
+    leading = study.user_attrs[confirm.CONFIRM_ATTR]
+    assert len(leading) == 2 and confirm.HOLDOUT_ATTR not in study.user_attrs
+    assert not confirm.one_launch([r for r in best_records(study, k=len(study.trials)) if r.number in leading])
+    (verifying,) = [t for t in study.trials if "verifies" in t.user_attrs]
+    assert verifying.user_attrs["verifies"] == study.user_attrs[EXPORT_CHOSEN_ATTR]
+    assert confirm.HOLDS_OUT not in verifying.user_attrs
