@@ -12,7 +12,7 @@ from optuna.trial import TrialState
 from autotune.backends.base import ProbePruned, ProbeResult
 from autotune.errors import ProbeEnvironmentError, ProbeOOM, ProbeRejected, RunFolderError
 from autotune.search.prescreen import MemoryGate
-from autotune.storage.records import set_constraints
+from autotune.storage.records import peak_over_predicted, set_constraints
 from autotune.verl.rules import Violation
 
 
@@ -83,8 +83,7 @@ def record_outcome(study: optuna.Study, trial: optuna.Trial, ratio: float, *, re
         # a simulator that ran the user's job past its own OOM prediction (backends/sim.py) measured nothing: the
         # gate learns from real fits only, such as a measured job that the model called OOM, or one that fitted
         # above its predicted peak
-        predicted_gib = trial.user_attrs.get("predicted_peak_gib")
-        over = result.peak_mem_gib / predicted_gib if result.peak_mem_gib and predicted_gib else None
+        over = peak_over_predicted(result.peak_mem_gib, trial.user_attrs.get("predicted_peak_gib"))
         if "predicted_oom" not in result.extra and gate.learn(ratio, measured_oom=False, measured_over_predicted=over):
             gate.save(study)
             if trial.user_attrs.get("predicted_oom"):

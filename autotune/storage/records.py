@@ -255,14 +255,18 @@ def verl_default_record(study: optuna.Study) -> TrialRecord | None:
 MAX_UNDER = 1.25
 
 
+def peak_over_predicted(peak_gib: float | None, predicted_gib: float | None) -> float | None:
+    """A probe's measured peak over the memory model's predicted one; None without both."""
+    return peak_gib / predicted_gib if peak_gib and predicted_gib else None
+
+
 def measured_under_prediction(study: optuna.Study) -> float:
     """The largest measured/predicted peak of a probe that fitted in the study, at most MAX_UNDER; 1 when none
     peaked above its prediction. Read from the stored trials, so a study resumed from before this rule learns too."""
     worst = 1.0
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
         ua = t.user_attrs
-        peak_gib, predicted_gib = ua.get("peak_mem_gib"), ua.get("predicted_peak_gib")
-        if ua.get("state") in ("measured", "simulated", "pruned") and peak_gib and predicted_gib \
-                and "predicted_oom" not in ua:
-            worst = max(worst, min(peak_gib / predicted_gib, MAX_UNDER))
+        over = peak_over_predicted(ua.get("peak_mem_gib"), ua.get("predicted_peak_gib"))
+        if ua.get("state") in ("measured", "simulated", "pruned") and over and "predicted_oom" not in ua:
+            worst = max(worst, min(over, MAX_UNDER))
     return worst
