@@ -149,3 +149,51 @@ def _enqueue_again(study: optuna.Study, rec, role: str, label: str) -> None:
     repeats."""
     study.enqueue_trial(dict(rec.params), user_attrs={role: rec.number, "label": label, PLANNED_ATTR: _planned(rec)},
                         skip_if_exists=False)
+
+
+class Stage:
+    """The confirmation stage in one run of the study loop (search/driver.py): the trials it keeps back from the
+    search, when it starts, and when it is done. `to_confirm` leaders at most are confirmed and, with `to_verify`, the
+    export verified (search/budget.py confirm_held, verify_held)."""
+
+    def __init__(self, study: optuna.Study, to_confirm: int, to_verify: int) -> None:
+        self.study, self.to_confirm, self.to_verify = study, to_confirm, to_verify
+        # configurations one launch of this study holds (1 until a launch showed the runner shares them): where it
+        # holds the leaders twice, the export is verified by held-out probes in the confirmations' launch
+        self.launch_room = 1
+
+    def saw_launch(self, room: int) -> None:
+        self.launch_room = max(self.launch_room, room)
+
+    def holdout_leaders(self) -> int:
+        return min(self.to_confirm, self.launch_room // 2) if self.to_verify else 0
+
+    def confirmed(self) -> bool:
+        return not self.to_confirm or CONFIRM_ATTR in self.study.user_attrs
+
+    def verified(self) -> bool:
+        attrs = self.study.user_attrs
+        # queued held-out probes verify the export in the confirmations' launch: no verifying probe of its own
+        return not self.to_verify or EXPORT_CHOSEN_ATTR in attrs or HOLDOUT_ATTR in attrs
+
+    def held(self, trials_left: int) -> int:
+        """The trials and probes the search must leave to the stage, `trials_left` being what the study has still to
+        start: what the stage would take if it started now."""
+        if self.holdout_leaders() and not self.confirmed():
+            need, one = stage_trials(self.study, self.holdout_leaders(), holdouts=True, verify=self.to_verify)
+            # a single trial left before a stage of one launch would be a launch's start-up for one step: the stage
+            # takes it, as one more confirmation in its launch
+            return need + 1 if one and trials_left - need == 1 and need < self.launch_room else need
+        return (0 if self.confirmed() else self.to_confirm) + (0 if self.verified() else self.to_verify)
+
+    def start(self, trials_left: int) -> None:
+        """Queue the stage: the leaders' confirmations, with held-out probes where one launch holds them all."""
+        if not self.holdout_leaders():
+            enqueue(self.study, self.to_confirm)
+            return
+        # what the stage reserved (under a GPU-hour or wall-time budget the trials left say nothing)
+        left = min(trials_left, self.held(trials_left))
+        leading = leaders(self.study, self.holdout_leaders())
+        one = bool(leading) and one_launch(leading) and left >= 2
+        enqueue(self.study, min(self.holdout_leaders(), left // 2) if one else self.to_confirm, holdouts=one,
+                trials=min(left, self.launch_room), verify=self.to_verify)

@@ -39,7 +39,7 @@ from autotune.verl.roles import separate_reference
 from autotune.verl.rules import check
 from autotune.spaces.layout import ParallelLayout
 from autotune.spaces.space import SearchSpace, verl_default_candidate
-from autotune.storage.records import EXPORT_CHOSEN_ATTR, set_constraints
+from autotune.storage.records import set_constraints
 from autotune.storage.node_profile import PROFILE_ATTR, phase_factors
 from autotune.storage.settings import ATTR as SETTINGS_ATTR, search_settings
 from autotune.storage.urls import hold_single_writer, open_storage
@@ -276,13 +276,7 @@ def _run_trials(ctx: StudyContext, study: optuna.Study, executor: Executor, on_t
 
     # the trials and probes kept for confirming the leaders, then for verifying the export (search/confirm.py), until
     # the search has spent the rest
-    to_confirm, to_verify = confirm_held(cfg, ctx.runner), verify_held(cfg, ctx.runner)
-    # configurations one launch of this study holds (1 until a launch showed the runner shares them): where it holds
-    # a leader twice, the export is verified by held-out probes in the confirmations' launch (search/confirm.py)
-    launch_room = [1]
-
-    def holdout_leaders() -> int:
-        return min(to_confirm, launch_room[0] // 2) if to_verify else 0
+    stage = confirm.Stage(study, confirm_held(cfg, ctx.runner), verify_held(cfg, ctx.runner))
 
     def trials_left() -> int:
         """Trials (and probes, under a probe budget) the study has still to start."""
@@ -291,20 +285,8 @@ def _run_trials(ctx: StudyContext, study: optuna.Study, executor: Executor, on_t
             left = min(left, cfg.budget.probes - spent(study, cfg.world_size).probes)
         return left
 
-    def confirmed() -> bool:
-        return not to_confirm or confirm.CONFIRM_ATTR in study.user_attrs
-
-    def verified() -> bool:
-        return (not to_verify or EXPORT_CHOSEN_ATTR in study.user_attrs
-                or confirm.HOLDOUT_ATTR in study.user_attrs)  # the held-out probes are queued: no verifying launch
-
     def held() -> int:
-        if holdout_leaders() and not confirmed():  # what the stage will take if it starts now
-            need, one = confirm.stage_trials(study, holdout_leaders(), holdouts=True, verify=to_verify)
-            # a single trial left before a stage of one launch would be a launch's start-up for one step: the
-            # stage takes it, as one more confirmation in its launch
-            return need + 1 if one and trials_left() - need == 1 and need < launch_room[0] else need
-        return (0 if confirmed() else to_confirm) + (0 if verified() else to_verify)
+        return stage.held(trials_left())
 
     def target() -> int:
         return cfg.trials - held()
@@ -334,23 +316,15 @@ def _run_trials(ctx: StudyContext, study: optuna.Study, executor: Executor, on_t
                 else:
                     launches = [Launch(trial, *prepared)]
                     if ctx.runner.can_share(launches[0].request):
-                        launch_room[0] = max(launch_room[0], group_size(cfg, ctx.runner, executor))
+                        stage.saw_launch(group_size(cfg, ctx.runner, executor))
                     launches += _group_members(ctx, study, executor, launches[0], running, on_trial, held())
                     executor.submit_group(launches, [_reporter(ctx, study, la.trial) for la in launches])
                 stop = budget_left(cfg, study, started_s, held())
             if not executor.in_flight():
-                if not confirmed():  # the search has spent its share: probe the leaders again, then go on
-                    if holdout_leaders():
-                        # what the stage reserved (under a GPU-hour or wall-time budget the trials left say nothing)
-                        left = min(trials_left(), held())
-                        leading = confirm.leaders(study, holdout_leaders())
-                        one = bool(leading) and confirm.one_launch(leading) and left >= 2
-                        confirm.enqueue(study, min(holdout_leaders(), left // 2) if one else to_confirm,
-                                        holdouts=one, trials=min(left, launch_room[0]), verify=to_verify)
-                    else:
-                        confirm.enqueue(study, to_confirm)
+                if not stage.confirmed():  # the search has spent its share: probe the leaders again, then go on
+                    stage.start(trials_left())
                     continue
-                if not verified():  # the confirmations are in: choose the export, then measure it once more
+                if not stage.verified():  # the confirmations are in: choose the export, then measure it once more
                     confirm.verify(study)
                     continue
                 if stop and finished_count(study) < cfg.trials:
