@@ -29,14 +29,13 @@ from autotune.spaces.candidate import Candidate
 from autotune.spaces.space import SearchSpace
 from autotune.storage.node_profile import PROFILE_ATTR
 from autotune.storage.records import TrialRecord, is_result
-from autotune.storage.tuning_cost import launch_overhead_s
+from autotune.storage.tuning_cost import NOT_WORTH_ATTR, launch_overhead_s
 from autotune.verl.roles import separate_reference
 from autotune.verl.step_knobs import STEP_KNOBS, restart_key
 from autotune.workload import Workload
 
 GROUP_ATTR = "launch_group"  # user attr: the trial number whose launch a member joins
 PLANNED_ATTR = "planned_candidate"  # user attr of a queued trial: the candidate it will be (a confirmation's)
-NOT_WORTH_ATTR = "members_not_worth_a_step"  # on a lead: untried per-step settings the GPU-time rule left out
 MAX_COMBINATIONS = 4096  # per-step values tried for one group (5 knobs, a handful of values each)
 
 

@@ -9,12 +9,16 @@ import statistics
 from autotune.storage.records import TrialRecord
 
 PLANNED_STEPS_KEY = "trainer.total_training_steps"
+# on a launch's lead: how many untried settings of the per-step knobs the GPU-time rule left out of its launch, as not
+# worth their step (search/groups.py)
+NOT_WORTH_ATTR = "members_not_worth_a_step"
 
 
 def tuning_cost(recs: list[TrialRecord], world_size: int, *, simulated: bool) -> dict:
     """GPU-hours of every launched probe (a shared launch's wall time is split among its configurations, a failed
     probe's counts too); the share of them the timed steps took (probe efficiency); how many launches measured the
-    configurations, and what a launch's start-up and a timed step cost on this node (medians)."""
+    configurations, and what a launch's start-up and a timed step cost on this node (medians); how many untried
+    settings the launches left out as not worth a step (a low probe efficiency the search chose)."""
     launched = [r for r in recs if r.user_attrs.get("launched")]
     probe_s = sum(r.user_attrs.get("probe_wall_s") or 0.0 for r in launched)
     timed_s = sum(timed_step_s(r.user_attrs) for r in launched)
@@ -34,7 +38,8 @@ def tuning_cost(recs: list[TrialRecord], world_size: int, *, simulated: bool) ->
             "startup_s": statistics.median(startups) if startups else None,
             "step_s": statistics.median(steps) if steps else None,
             "repeat_spread": max(spreads) if spreads else None,
-            "repeat_spread_as_logged": max(logged) if logged else None, "simulated": simulated}
+            "repeat_spread_as_logged": max(logged) if logged else None,
+            "settings_left_out": sum(r.user_attrs.get(NOT_WORTH_ATTR) or 0 for r in launched), "simulated": simulated}
 
 
 def timed_step_s(user_attrs: dict) -> float:
@@ -96,6 +101,9 @@ def describe(cost: dict, back: dict | None) -> str:
     shared = f" in {launches} launch(es)" if launches and launches < cost["probes"] else ""
     text = (f"tuning took {60 * cost['gpu_hours']:.0f} GPU-minutes{label} over {cost['probes']} probe(s){shared}"
             + (f"; the timed steps were {100 * eff:.0f}% of it" if eff is not None else ""))
+    if cost.get("settings_left_out"):
+        text += (f"; {cost['settings_left_out']} untried setting(s) of launched layouts' per-step knobs were left out "
+                 "as not worth their step")
     if cost.get("repeat_spread") is not None:
         text += (f"; the first configuration timed again at its launch's end moved {100 * cost['repeat_spread']:.0f}%"
                  " (speedups below that are within one step's noise)")

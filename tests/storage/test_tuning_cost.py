@@ -98,3 +98,24 @@ def test_the_h200_shared_launch_study_as_stored():
     cost = tuning_cost(records(optuna.load_study(study_name=summary.study_name, storage=storage)), 1, simulated=False)
     assert (cost["probes"], cost["launches"]) == (18, 2)
     assert cost["probe_efficiency"] == pytest.approx(0.54, abs=0.01) and cost["repeat_spread"] == pytest.approx(0.184, abs=0.001)
+
+
+def test_the_h100_holdout_study_says_what_its_launches_left_out(tmp_path):
+    """The real verl study of 2026-12-07 (benchmarks/results/h100-2026-12-07-holdout-study): its probe efficiency of 30%
+    is what the GPU-time member rule chose; 23 untried settings of launch 2's layout were left out as not worth a step,
+    and the summary says so."""
+    import shutil
+
+    import optuna
+
+    from autotune.storage.records import records
+
+    db = tmp_path / "autotune.db"
+    shutil.copy(RESULTS / "h100-2026-12-07-holdout-study" / "autotune.db", db)
+    study = optuna.load_study(study_name="qwen2.5-1.5b-1x1-verl", storage=f"sqlite:///{db}")
+    cost = tuning_cost(records(study), 1, simulated=False)
+    assert (cost["probes"], cost["launches"], cost["settings_left_out"]) == (12, 3, 23)
+    assert cost["probe_efficiency"] == pytest.approx(0.30, abs=0.01)
+    assert "23 untried setting(s) of launched layouts' per-step knobs were left out as not worth their step" in \
+        describe(cost, None)
+    assert "left out" not in describe(tuning_cost([_rec()], 1, simulated=False), None)
