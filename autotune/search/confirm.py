@@ -106,10 +106,16 @@ def choose(study: optuna.Study, among: list[int] | None = None) -> int | None:
     `among` (all where None, or where none of them has a result); the trial chosen, None where nothing was measured."""
     if EXPORT_CHOSEN_ATTR in study.user_attrs:
         return study.user_attrs[EXPORT_CHOSEN_ATTR]
-    ranked = best_records(study, k=len(study.trials))
+    chosen = _fix_export(study, among)
+    return chosen.number if chosen else None
+
+
+def _fix_export(study: optuna.Study, among: list[int] | None = None):
+    """The first by the ranking of those `among` (see choose), stored as the study's export (EXPORT_CHOSEN_ATTR)."""
+    ranked = best_records(study, k=len(study.trials) if among is not None else 1)
     picked = [r for r in ranked if among is None or r.number in among] or ranked
-    chosen = picked[0].number if picked else None
-    study.set_user_attr(EXPORT_CHOSEN_ATTR, chosen)
+    chosen = picked[0] if picked else None
+    study.set_user_attr(EXPORT_CHOSEN_ATTR, chosen.number if chosen else None)
     return chosen
 
 
@@ -132,11 +138,9 @@ def verify(study: optuna.Study) -> int | None:
     N"), once per study; the trial chosen, None where nothing was measured."""
     if EXPORT_CHOSEN_ATTR in study.user_attrs:
         return None
-    ranked = best_records(study, k=1)
-    chosen = ranked[0] if ranked else None
+    chosen = _fix_export(study)
     if chosen is not None:
         _enqueue_again(study, chosen, "verifies", f"verify trial {chosen.number}")
-    study.set_user_attr(EXPORT_CHOSEN_ATTR, chosen.number if chosen else None)
     return chosen.number if chosen else None
 
 
@@ -180,11 +184,15 @@ class Stage:
         """The trials and probes the search must leave to the stage, `trials_left` being what the study has still to
         start: what the stage would take if it started now."""
         if self.holdout_leaders() and not self.confirmed():
-            need, one = stage_trials(self.study, self.holdout_leaders(), holdouts=True, verify=self.to_verify)
-            # a single trial left before a stage of one launch would be a launch's start-up for one step: the stage
-            # takes it, as one more confirmation in its launch
-            return need + 1 if one and trials_left - need == 1 and need < self.launch_room else need
+            return self._reserved(trials_left)[0]
         return (0 if self.confirmed() else self.to_confirm) + (0 if self.verified() else self.to_verify)
+
+    def _reserved(self, trials_left: int) -> tuple[int, bool]:
+        """Where held-out probes may run: the trials the stage takes if it starts now, and whether it is one launch."""
+        need, one = stage_trials(self.study, self.holdout_leaders(), holdouts=True, verify=self.to_verify)
+        # a single trial left before a stage of one launch would be a launch's start-up for one step: the stage
+        # takes it, as one more confirmation in its launch
+        return (need + 1 if one and trials_left - need == 1 and need < self.launch_room else need), one
 
     def start(self, trials_left: int) -> None:
         """Queue the stage: the leaders' confirmations, with held-out probes where one launch holds them all."""
@@ -192,8 +200,8 @@ class Stage:
             enqueue(self.study, self.to_confirm)
             return
         # what the stage reserved (under a GPU-hour or wall-time budget the trials left say nothing)
-        left = min(trials_left, self.held(trials_left))
-        leading = leaders(self.study, self.holdout_leaders())
-        one = bool(leading) and one_launch(leading) and left >= 2
+        reserved, one = self._reserved(trials_left)
+        left = min(trials_left, reserved)
+        one = one and left >= 2
         enqueue(self.study, min(self.holdout_leaders(), left // 2) if one else self.to_confirm, holdouts=one,
                 trials=min(left, self.launch_room), verify=self.to_verify)
