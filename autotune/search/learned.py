@@ -76,6 +76,7 @@ class Base:
     world: int
     memory_ratio: float
     feasible: bool  # verl's rules and host memory (the GPU-memory gate is checked per query: its margin moves)
+    peak_gib: float = math.nan  # the memory model's peak (NaN where verl's rules refuse the candidate)
 
 
 _BASE_CACHE: dict = {}
@@ -100,7 +101,7 @@ def base_prediction(cfg: TuneConfig, cand: Candidate, workload: Workload) -> Bas
         ratio = memory_ratio(mem) if mem.kv_cache_fits else math.inf
         step = estimate_step_time(cfg.model, cfg.gpu, workload, cand, layout, logprob_loop=cfg.logprob_loop,
                                   vllm_eager=cfg.vllm_eager)
-        base = Base(dict(step.phase_s), step.tokens_per_step, layout.world_size, ratio, host_ok)
+        base = Base(dict(step.phase_s), step.tokens_per_step, layout.world_size, ratio, host_ok, mem.peak_gib)
     if len(_BASE_CACHE) > _BASE_CACHE_MAX:
         _BASE_CACHE.clear()
     _BASE_CACHE[key] = base

@@ -2,10 +2,12 @@
 (storage/node_profile.py holds the files; issue 29 item 4).
 
 At the start the study stores the profile it starts from (PROFILE_ATTR: per phase the median log of measured
-over predicted seconds and its spread, or why there is none), so its model is the same on resume whatever the
-file holds by then. The corrected model (search/learned.py) starts each phase's residual at the profile's median
-instead of at 0 with a prior as wide as the node's spread, and the warm start ranks with the profile's phase
-factors. At the end the study's own measured probes go into the profile for the next study.
+over predicted seconds and its spread, the memory model's under-prediction on the node, or why there is none), so its
+model is the same on resume whatever the file holds by then. The corrected model (search/learned.py) starts each
+phase's residual at the profile's median instead of at 0 with a prior as wide as the node's spread, the warm start
+ranks with the profile's phase factors, and the memory gate (search/prescreen.py) scales its predictions by the
+profile's under-prediction from the first candidate. At the end the study's own measured probes go into the profile
+for the next study.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from autotune.search.learned import base_prediction
 from autotune.spaces.candidate import Candidate
 from autotune.storage.node_profile import (PROFILE_ATTR, PROFILE_ROWS, NodeKind, detect_kind, profile_row,
                                            record_study, summary_for)
-from autotune.storage.records import records
+from autotune.storage.records import MAX_UNDER, records
 from autotune.storage.results import workload_of
 from autotune.storage.tuning_cost import launch_overhead_s
 from autotune.storage.urls import redact
@@ -72,6 +74,26 @@ def study_rows(study: optuna.Study, cfg: TuneConfig) -> tuple[dict[str, list[flo
     return phases, others, probes
 
 
+def study_peaks(study: optuna.Study, cfg: TuneConfig) -> list[float]:
+    """Measured over predicted GPU peak of each of this study's measured probes that fitted, the prediction this
+    autotune's memory model makes (as study_rows prices the phases); simulated ones and copies left out, and readings
+    above MAX_UNDER: the gate caps them within a study, but they are readings over more than the probe's own steps
+    (the H200 shared study's first configuration read x1.45, its whole launch's peak), not the node's, and a profile
+    carries them to every later job."""
+    ratios = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        attrs = t.user_attrs
+        if attrs.get("state") != "measured" or attrs.get("simulated") or attrs.get("duplicate_of") is not None:
+            continue
+        if "candidate" not in attrs or not attrs.get("peak_mem_gib"):
+            continue
+        base = base_prediction(cfg, Candidate.from_params(attrs["candidate"]),
+                               workload_of(study.user_attrs["identity"], attrs))
+        if math.isfinite(base.peak_gib) and base.peak_gib > 0 and attrs["peak_mem_gib"] / base.peak_gib <= MAX_UNDER:
+            ratios.append(attrs["peak_mem_gib"] / base.peak_gib)
+    return ratios
+
+
 def study_id(study: optuna.Study, storage_url: str) -> str:
     """A study's name in a profile: its name and where it is stored (two out folders may hold equal names)."""
     return f"{study.study_name}@{hashlib.sha256(redact(storage_url).encode()).hexdigest()[:8]}"
@@ -96,4 +118,5 @@ def record_profile(study: optuna.Study, cfg: TuneConfig) -> Path | None:
     # belong under its revision even when the study started under an older one (resumed after an upgrade); the
     # node's own fields are the study's
     kind = replace(stored, model=MODEL_REVISION, rows=PROFILE_ROWS)
-    return record_study(kind, study_id(study, cfg.storage_url), phases, others, probes, overhead_s)
+    return record_study(kind, study_id(study, cfg.storage_url), phases, others, probes, overhead_s,
+                        peak_over_predicted=study_peaks(study, cfg))

@@ -8,7 +8,9 @@ A probe that fits but peaks above its prediction is a near miss the gate learns 
 scaled by the largest measured/predicted peak of a fit in the study before it is compared (real verl on an
 H100 peaked at 76.2 GiB where the model said 68.6, x1.11, with log-prob micro-batches of 32; on the H200 131.4
 GiB for 114.6, x1.15, with 64: benchmarks/verl_h200/README.md), so that the next candidate the model puts at
-95% is not launched into an OOM that costs a launch's start-up.
+95% is not launched into an OOM that costs a launch's start-up. A study on a kind of node that earlier studies ran on
+starts from what their fits peaked above the model (the node profile's median of each study's largest ratio,
+storage/node_profile.py), so its first launches are gated as its own near misses would gate them.
 
 OOM boundaries: for a fixed parallel layout and fixed flags, memory grows monotonically with the
 micro-batch sizes, token budgets, gpu_memory_utilization, max_num_seqs and max_num_batched_tokens. A
@@ -28,6 +30,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.model.memory import MemoryEstimate
+from autotune.storage.node_profile import PROFILE_ATTR, profile_peak_under
 from autotune.storage.records import MAX_UNDER, measured_under_prediction
 
 # Memory is non-decreasing in each of these knobs, everything else fixed: knob -> the phases whose memory it drives.
@@ -90,7 +93,9 @@ class MemoryGate:
 
     @classmethod
     def of(cls, study: optuna.Study) -> "MemoryGate":
-        return cls(margin=study.user_attrs.get(MARGIN_ATTR, INITIAL_MARGIN), under=measured_under_prediction(study))
+        node = min(profile_peak_under(study.user_attrs.get(PROFILE_ATTR)), MAX_UNDER)
+        return cls(margin=study.user_attrs.get(MARGIN_ATTR, INITIAL_MARGIN),
+                   under=max(measured_under_prediction(study), node))
 
     def save(self, study: optuna.Study) -> None:
         study.set_user_attr(MARGIN_ATTR, self.margin)

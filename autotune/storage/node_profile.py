@@ -1,8 +1,8 @@
 """What studies learned about a kind of node, kept for the next study on the same kind (issue 29 item 4).
 
 A node profile holds, per GRPO phase, the log of measured over predicted seconds of every measured probe of every
-study run on one kind of node, the step's seconds outside the timed phases, and what a launch cost each study beyond
-its timed steps. The kind is the key: GPU type,
+study run on one kind of node, the step's seconds outside the timed phases, what a launch cost each study beyond
+its timed steps, and each fit's measured over predicted GPU peak. The kind is the key: GPU type,
 NVIDIA driver, torch, vLLM and verl versions, the attention implementation, the probe backend and the time model's
 revision (model/cost.py MODEL_REVISION: the residuals are against it); any difference (a verl upgrade, flash-attention
 instead of SDPA, a model that prices a new cause) is another kind, so nothing is reused across it. Simulated
@@ -135,8 +135,12 @@ class NodeProfile:
                 out[phase] = {"log_mean": statistics.median(rows), "log_sd": statistics.pstdev(rows), "n": len(rows)}
         others = [o for s in self.studies.values() for o in s.get("other_s", [])]
         launches = [s["launch_overhead_s"] for s in self.studies.values() if s.get("launch_overhead_s")]
+        # the memory gate's rule within a study (the largest measured/predicted peak of a fit) taken per study, and
+        # the median of the studies' (one job's large micro-batches should not narrow every later job's space)
+        worst = [max(max(s["peak_over_predicted"]), 1.0) for s in self.studies.values() if s.get("peak_over_predicted")]
         return {"phases": out, "other_s": statistics.median(others) if others else None,
-                "launch_overhead_s": statistics.median(launches) if launches else None}
+                "launch_overhead_s": statistics.median(launches) if launches else None,
+                "peak_under": statistics.median(worst) if worst else None}
 
     def summary(self, eager_decode: bool = False) -> dict:
         """What a study of a job in this decode mode stores of the profile it started from: reproducible if the
@@ -144,7 +148,7 @@ class NodeProfile:
         prior = self.prior(eager_decode)
         return {"id": self.kind.id, "kind": asdict(self.kind), "probes": self.probes, "studies": len(self.studies),
                 "decode": decode_mode(eager_decode), "phases": prior["phases"], "other_s": prior["other_s"],
-                "launch_overhead_s": prior["launch_overhead_s"]}
+                "launch_overhead_s": prior["launch_overhead_s"], "peak_under": prior["peak_under"]}
 
 
 def profile_dir() -> Path:
@@ -171,15 +175,19 @@ def load_profile(kind: NodeKind) -> NodeProfile | None:
 
 
 def record_study(kind: NodeKind, study_name: str, phases: dict[str, list[float]], other_s: list[float],
-                 probes: int, launch_overhead_s: float | None = None) -> Path | None:
+                 probes: int, launch_overhead_s: float | None = None,
+                 peak_over_predicted: list[float] = ()) -> Path | None:
     """Put one study's rows into its kind's profile (replacing what the same study put there before), with what a
-    launch cost it beyond its timed steps (storage/tuning_cost.launch_overhead_s; start-up, warm-up, teardown); None
-    when the profile folder cannot be written (the study goes on without it)."""
+    launch cost it beyond its timed steps (storage/tuning_cost.launch_overhead_s; start-up, warm-up, teardown) and
+    its fits' measured over predicted GPU peaks; None when the profile folder cannot be written (the study goes on
+    without it)."""
     clean = {p: [float(r) for r in rows if math.isfinite(r)] for p, rows in phases.items()}
+    peaks = [float(r) for r in peak_over_predicted if math.isfinite(r) and r > 0]
     profile = load_profile(kind) or NodeProfile(kind=kind)
     profile.studies[study_name] = {"phases": clean, "other_s": [float(o) for o in other_s], "probes": probes,
                                    "when": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                                   **({"launch_overhead_s": float(launch_overhead_s)} if launch_overhead_s else {})}
+                                   **({"launch_overhead_s": float(launch_overhead_s)} if launch_overhead_s else {}),
+                                   **({"peak_over_predicted": peaks} if peaks else {})}
     path = profile_path(kind)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -209,6 +217,14 @@ def phase_factors(summary: dict | None) -> dict[str, float]:
     return {phase: math.exp(v["log_mean"]) for phase, v in summary.get("phases", {}).items()}
 
 
+def profile_peak_under(summary: dict | None) -> float:
+    """How far measured GPU peaks ran above the memory model on this kind of node, by a profile's summary (1: no
+    profile, or no peak above the model)."""
+    if not summary or summary.get("none"):
+        return 1.0
+    return max(summary.get("peak_under") or 1.0, 1.0)
+
+
 def describe_summary(summary: dict | None) -> str:
     """One line for `show` and `estimate`: the profile a study started from, or why there was none."""
     if not summary:
@@ -219,5 +235,8 @@ def describe_summary(summary: dict | None) -> str:
     decode = f" (gen: rows of {summary['decode']} decoding, as this job's)" if summary.get("decode") else ""
     launch = (f"; a launch cost {summary['launch_overhead_s']:.0f} s beyond its timed steps (median of the studies)"
               if summary.get("launch_overhead_s") else "")
+    under = profile_peak_under(summary)
+    memory = (f"; GPU peaks up to x{under:.2f} of the memory model's (the memory gate starts there)"
+              if under > 1.0 else "")
     return (f"node profile {summary['id']}: {summary['probes']} measured probe(s) of {summary['studies']} earlier "
-            f"study(ies) on this kind of node; measured/predicted {phases or 'n/a'}{decode}{launch}")
+            f"study(ies) on this kind of node; measured/predicted {phases or 'n/a'}{decode}{launch}{memory}")

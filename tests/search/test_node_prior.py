@@ -151,6 +151,24 @@ def test_the_h100_seed_study_leaves_what_a_launch_cost_it(tmp_path, monkeypatch)
     summary = summary_for(replace(kind, model=node_prior.MODEL_REVISION), "none", eager_decode=True)
     assert 250 < summary["launch_overhead_s"] < 400 and summary["probes"] == 4
     assert "a launch cost" in describe_summary(summary)
+    # its fits peaked up to 1.115x the memory model (76.5 GiB where it said 68.6): the next study's gate starts there
+    assert 1.11 < summary["peak_under"] < 1.12 and "GPU peaks up to x1.12" in describe_summary(summary)
+
+
+def test_a_peak_read_over_a_whole_shared_launch_is_not_the_nodes_memory_error():
+    """The H200 shared study (2026-12-05): its first configuration's peak was read over the whole launch (x1.45 the
+    model; the bug fixed in shared_launch.sample_spans). The study's own gate caps it at MAX_UNDER; the profile, which
+    carries to every later job, leaves it out and keeps the real near misses (x1.13-1.15 at micro-batches of 64)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from node_profile_h200 import SOURCE_DB, source_cfg
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    url = f"sqlite:///{SOURCE_DB}"
+    study = optuna.load_study(study_name=optuna.get_all_study_summaries(url)[0].study_name, storage=url)
+    peaks = node_prior.study_peaks(study, source_cfg(study, loop=True, db=SOURCE_DB))
+    assert len(peaks) == 17 and 1.14 < max(peaks) < 1.15
+    assert study.trials[0].user_attrs["peak_mem_gib"] == pytest.approx(131.4, abs=0.1)
 
 
 def test_a_sim_study_neither_uses_nor_leaves_a_profile(tmp_path, h200_node):

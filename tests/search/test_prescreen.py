@@ -115,3 +115,20 @@ def test_the_gate_learned_from_the_h100_seed_studys_real_peaks_keeps_a_probe_the
     # measured fit (the OOM boundaries' known_fit) lets a configuration through
     edge = study.trials[2].user_attrs
     assert edge["peak_mem_gib"] / 79.6 > 0.96 and not gate.admits(edge["predicted_memory_ratio"])
+
+
+def test_a_study_on_a_profiled_node_gates_its_first_candidates_by_what_earlier_fits_peaked_above_the_model():
+    """The H100's profile (its seed study's fits peaked up to 1.115x the model): a new study's gate holds back the
+    probe the model put at 96% before any probe of its own, as the seed study's gate did only after its first
+    launch; a profile's factor is capped as a study's own readings are."""
+    from autotune.storage.node_profile import PROFILE_ATTR
+
+    study = optuna.create_study()
+    assert MemoryGate.of(study).admits(0.957)
+    study.set_user_attr(PROFILE_ATTR, {"id": "H100-80GB-verl-x", "phases": {}, "peak_under": 1.115})
+    gate = MemoryGate.of(study)
+    assert gate.under == pytest.approx(1.115) and not gate.admits(0.957) and gate.admits(0.85)
+    study.set_user_attr(PROFILE_ATTR, {"none": "the first study on this kind of node"})
+    assert MemoryGate.of(study).under == 1.0
+    study.set_user_attr(PROFILE_ATTR, {"id": "x", "phases": {}, "peak_under": 2.2})
+    assert MemoryGate.of(study).under == MAX_UNDER

@@ -105,3 +105,20 @@ def test_describe_says_why_there_is_none():
     assert describe_summary({"none": "the sim measures nothing"}) == "node profile: none (the sim measures nothing)"
     assert describe_summary(None) == "node profile: none (the study predates profiles)"
     assert NodeProfile(kind=H200).probes == 0
+
+
+def test_what_fits_peaked_above_the_memory_model_is_kept_per_study_and_the_median_studys_worst_is_the_profiles():
+    from autotune.storage.node_profile import profile_peak_under
+
+    record_study(H200, "a@1", {"gen": [0.0, 0.1]}, [], 2, peak_over_predicted=[0.98, 1.11, 1.115])
+    assert profile_peak_under(load_profile(H200).summary()) == pytest.approx(1.115)
+    record_study(H200, "b@2", {"gen": [0.0, 0.1]}, [], 2, peak_over_predicted=[1.02, 1.087])
+    record_study(H200, "c@3", {"gen": [0.0, 0.1]}, [], 2, peak_over_predicted=[0.95, 0.97])  # over-predicted: 1
+    record_study(H200, "d@4", {"gen": [0.0, 0.1]}, [], 2)  # no peak read (a torch study without NVML, say)
+    summary = load_profile(H200).summary()
+    assert summary["peak_under"] == pytest.approx(1.087)  # the median of 1.115, 1.087 and 1.0
+    assert "GPU peaks up to x1.09 of the memory model's" in describe_summary(summary)
+    assert profile_peak_under(None) == profile_peak_under({"none": "first study"}) == 1.0
+    record_study(H200, "a@1", {"gen": [0.0, 0.1]}, [], 2, peak_over_predicted=[0.9])  # resumed: replaced
+    assert load_profile(H200).summary()["peak_under"] == pytest.approx(1.0)
+    assert "memory model" not in describe_summary(load_profile(H200).summary())
