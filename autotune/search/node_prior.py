@@ -26,7 +26,7 @@ from autotune.search.learned import base_prediction
 from autotune.spaces.candidate import Candidate
 from autotune.storage.node_profile import (PROFILE_ATTR, PROFILE_ROWS, NodeKind, detect_kind, profile_row,
                                            record_study, summary_for)
-from autotune.storage.records import MAX_UNDER, records
+from autotune.storage.records import MAX_UNDER, peak_over_predicted, records
 from autotune.storage.results import workload_of
 from autotune.storage.tuning_cost import launch_overhead_s
 from autotune.storage.urls import redact
@@ -46,22 +46,29 @@ def start_profile(study: optuna.Study, cfg: TuneConfig) -> dict:
     return summary
 
 
+def _measured_probes(study: optuna.Study, cfg: TuneConfig):
+    """(user attrs, the uncorrected model's answer) of each of this study's measured probes, priced by this autotune's
+    model; simulated ones and copies of another trial's measurement are left out."""
+    identity = study.user_attrs["identity"]
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        attrs = t.user_attrs
+        if attrs.get("state") != "measured" or attrs.get("simulated") or attrs.get("duplicate_of") is not None \
+                or "candidate" not in attrs:
+            continue
+        yield attrs, base_prediction(cfg, Candidate.from_params(attrs["candidate"]), workload_of(identity, attrs))
+
+
 def study_rows(study: optuna.Study, cfg: TuneConfig) -> tuple[dict[str, list[float]], list[float], int]:
     """(per profile row the log of measured over predicted seconds, the step's seconds outside its phases, probes) of
-    this study's measured probes; simulated ones and copies of another trial's measurement are left out. A row is
-    a phase, gen apart for eager decoding (storage/node_profile.profile_row)."""
+    this study's measured probes (_measured_probes). A row is a phase, gen apart for eager decoding
+    (storage/node_profile.profile_row)."""
     phases: dict[str, list[float]] = {}
     others: list[float] = []
     probes = 0
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        attrs = t.user_attrs
-        if attrs.get("state") != "measured" or attrs.get("simulated") or attrs.get("duplicate_of") is not None:
-            continue
+    for attrs, base in _measured_probes(study, cfg):
         measured = attrs.get("phase_s") or {}
-        if "candidate" not in attrs or not measured:
+        if not measured:
             continue
-        base = base_prediction(cfg, Candidate.from_params(attrs["candidate"]),
-                               workload_of(study.user_attrs["identity"], attrs))
         probes += 1
         for phase, predicted_s in base.phase_s.items():
             seconds = measured.get(phase)
@@ -75,22 +82,16 @@ def study_rows(study: optuna.Study, cfg: TuneConfig) -> tuple[dict[str, list[flo
 
 
 def study_peaks(study: optuna.Study, cfg: TuneConfig) -> list[float]:
-    """Measured over predicted GPU peak of each of this study's measured probes that fitted, the prediction this
-    autotune's memory model makes (as study_rows prices the phases); simulated ones and copies left out, and readings
-    above MAX_UNDER: the gate caps them within a study, but they are readings over more than the probe's own steps
-    (the H200 shared study's first configuration read x1.45, its whole launch's peak), not the node's, and a profile
-    carries them to every later job."""
+    """Measured over predicted GPU peak of each of this study's measured probes (_measured_probes: the prediction this
+    autotune's memory model makes, as study_rows prices the phases), readings above MAX_UNDER left out: the gate caps
+    them within a study, but they are readings over more than the probe's own steps (the H200 shared study's first
+    configuration read x1.45, its whole launch's peak), not the node's, and a profile carries them to every later
+    job."""
     ratios = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        attrs = t.user_attrs
-        if attrs.get("state") != "measured" or attrs.get("simulated") or attrs.get("duplicate_of") is not None:
-            continue
-        if "candidate" not in attrs or not attrs.get("peak_mem_gib"):
-            continue
-        base = base_prediction(cfg, Candidate.from_params(attrs["candidate"]),
-                               workload_of(study.user_attrs["identity"], attrs))
-        if math.isfinite(base.peak_gib) and base.peak_gib > 0 and attrs["peak_mem_gib"] / base.peak_gib <= MAX_UNDER:
-            ratios.append(attrs["peak_mem_gib"] / base.peak_gib)
+    for attrs, base in _measured_probes(study, cfg):
+        over = peak_over_predicted(attrs.get("peak_mem_gib"), base.peak_gib)
+        if over is not None and math.isfinite(over) and over <= MAX_UNDER:
+            ratios.append(over)
     return ratios
 
 

@@ -93,9 +93,9 @@ class MemoryGate:
 
     @classmethod
     def of(cls, study: optuna.Study) -> "MemoryGate":
-        node = min(profile_peak_under(study.user_attrs.get(PROFILE_ATTR)), MAX_UNDER)
-        return cls(margin=study.user_attrs.get(MARGIN_ATTR, INITIAL_MARGIN),
-                   under=max(measured_under_prediction(study), node))
+        attrs = study.user_attrs  # one read of the storage
+        node = min(profile_peak_under(attrs.get(PROFILE_ATTR)), MAX_UNDER)
+        return cls(margin=attrs.get(MARGIN_ATTR, INITIAL_MARGIN), under=max(measured_under_prediction(study), node))
 
     def save(self, study: optuna.Study) -> None:
         study.set_user_attr(MARGIN_ATTR, self.margin)
