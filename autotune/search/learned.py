@@ -42,7 +42,7 @@ from autotune.model.host_memory import estimate_host_memory
 from autotune.model.memory import estimate_memory
 from autotune.search.equivalence import LAYOUT, canonical_params, config_key, layout_key, rollout_key, tried_keys
 from autotune.search.phase_gp import (WHOLE_PHASE, DEFAULT_LEVELS, NOISE_REL, PHASE_LEVELS, ROLLOUT, PhaseGP,
-                                      best_evidence_gp)
+                                      best_evidence_gp, couple_probes)
 from autotune.search.prescreen import MemoryGate, dominates_oom, measured_outcomes, memory_ratio
 from autotune.search.warmstart import neighbours, sample_point
 from autotune.spaces.candidate import Candidate
@@ -125,13 +125,22 @@ class CorrectedModel:
         for phase, v in ((profile or {}).get("phases") or {}).items():
             self.prior[phase] = (float(v["log_mean"]), max(float(v["log_sd"]), PROFILE_MIN_SCALE))
         phases = {p for _, pred, meas, _ in observations for p in meas if pred.get(p, 0) > 0}
+        # a noisy backend's noise beyond a phase's own (NOISE_REL) is the probe's: shared by all its phases
+        shared_var = max(noise_rel * noise_rel - NOISE_REL * NOISE_REL, 0.0)
+        probes: dict[str, list[int]] = {}
         for phase in sorted(phases):
             mean0, scale0 = self.prior.get(phase, (0.0, WHOLE_PHASE))
-            rows = [(params, math.log(meas[phase] / pred[phase]) - mean0) for params, pred, meas, _ in observations
+            rows = [(i, params, math.log(meas[phase] / pred[phase]) - mean0)
+                    for i, (params, pred, meas, _) in enumerate(observations)
                     if pred.get(phase, 0) > 0 and meas.get(phase, 0) > 0]
             levels = PHASE_LEVELS.get(phase, DEFAULT_LEVELS)
             levels = ((levels[0][0], scale0),) + tuple(levels[1:])
-            self.gps[phase] = best_evidence_gp(levels, [r[0] for r in rows], np.array([r[1] for r in rows]), noise_rel)
+            keys, y = [r[1] for r in rows], np.array([r[2] for r in rows])
+            gp = best_evidence_gp(levels, keys, y, noise_rel)
+            if shared_var > 0:
+                gp = PhaseGP(gp.levels, keys, y, NOISE_REL)
+            self.gps[phase], probes[phase] = gp, [r[0] for r in rows]
+        couple_probes(self.gps, probes, shared_var)
         others = [o for *_, o in observations if o is not None and o >= 0]
         # what the step spends outside the timed phases: measured by this study's probes, else by the node's
         # profile, else the model's constant

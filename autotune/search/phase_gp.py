@@ -128,6 +128,41 @@ def best_evidence_gp(levels: tuple, keys: list[dict], y: np.ndarray, noise_rel: 
                key=lambda gp: gp.log_evidence)
 
 
+def couple_probes(gps: Mapping[str, PhaseGP], probes: Mapping[str, list[int]], shared_var: float) -> None:
+    """Condition the phases' GPs jointly on one more term: an effect shared by every phase of one probe, of variance
+    `shared_var` (log time), beside each phase's own noise (the GPs' noise_rel).
+
+    A probe's slow or fast launch moves all its phases alike (the same configuration on two H200s: gen x1.21,
+    old_log_prob x1.30, ref x1.23, update_actor x1.47, benchmarks/results/sim_vs_verl_h200.txt; the search
+    benchmark's per-probe noise is one such factor). Learned phase by phase, that factor is each phase's own residual
+    and moves every configuration that shares a group with the probe. Jointly, the phases whose residual other probes
+    already pin down (generation under a rollout setting probed before) tell the probe's factor, and it is taken out
+    of the others: the linear-mixed-model reading of a random effect per probe (e.g. Rasmussen and Williams 2006,
+    section 2.7). `probes[phase]` is the probe index of each of that GP's rows; each GP's posterior then keeps its own
+    kernel, with the joint precision and weights in place of its own (a new configuration shares no probe)."""
+    phases = [p for p in gps if gps[p].n]
+    if shared_var <= 0 or len(phases) < 2:
+        return
+    offsets, total = {}, 0
+    for p in phases:
+        offsets[p], total = total, total + gps[p].n
+    sigma = np.zeros((total, total))
+    probe = np.empty(total, dtype=np.int64)
+    y = np.empty(total)
+    for p in phases:
+        a, gp = offsets[p], gps[p]
+        sigma[a:a + gp.n, a:a + gp.n] = gp._K
+        probe[a:a + gp.n] = probes[p]
+        y[a:a + gp.n] = gp._y
+    sigma += shared_var * (probe[:, None] == probe[None, :])
+    sigma_inv = np.linalg.inv(sigma)
+    alpha = sigma_inv @ y
+    for p in phases:
+        a, gp = offsets[p], gps[p]
+        gp.K_inv = sigma_inv[a:a + gp.n, a:a + gp.n]
+        gp.alpha = alpha[a:a + gp.n]
+
+
 def _getter(knobs: tuple):
     """The group key of a candidate's canonical params (which hold every knob) for these knobs."""
     if not knobs:

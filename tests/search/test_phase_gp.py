@@ -65,3 +65,41 @@ def test_the_flag_terms_scale_is_what_the_probes_residuals_support():
 
     assert flag_scale(best_evidence_gp(levels, keys, flag_effect, 0.05)) == max(FLAG_SCALES)
     assert flag_scale(best_evidence_gp(levels, keys, layout_only, 0.05)) == 0.0
+
+
+def test_a_probe_whose_every_phase_ran_slow_is_read_as_a_slow_probe_where_other_probes_pin_a_phase():
+    """Issue 34: a slow launch moves all of a probe's phases alike (the job on two H200s: every phase x1.2-1.5). Four
+    probes pinned generation under one rollout setting; a fifth, of a new actor layout with that setting, ran x1.25
+    slow in every phase. Learned phase by phase, the new layout's update takes most of the x1.25; coupled by a
+    shared per-probe effect, generation's x1.25 says the probe was slow and the update keeps much less of it."""
+    from autotune.search.phase_gp import couple_probes
+
+    gen_keys, upd_keys = [], []
+    for sp in (1, 2, 4, 8):
+        p = _params(actor_engine="fsdp", ulysses_sp=sp, rollout_tp=2)
+        gen_keys.append(p)
+        upd_keys.append(p)
+    new = _params(actor_engine="megatron", actor_tp=2, rollout_tp=2)
+    gen_keys.append(new)
+    upd_keys.append(new)
+    slow = math.log(1.25)
+    y_gen = np.array([0.0, 0.0, 0.0, 0.0, slow])
+    y_upd = np.array([0.0, 0.0, 0.0, 0.0, slow])
+    noise, own = 0.1, 0.05
+    shared = noise ** 2 - own ** 2
+
+    def fit(coupled: bool) -> float:
+        gps = {"gen": PhaseGP(PHASE_LEVELS["gen"], gen_keys, y_gen, own if coupled else noise),
+               "update_actor": PhaseGP(PHASE_LEVELS["update_actor"], upd_keys, y_upd, own if coupled else noise)}
+        if coupled:
+            couple_probes(gps, {"gen": [0, 1, 2, 3, 4], "update_actor": [0, 1, 2, 3, 4]}, shared)
+        return gps["update_actor"].predict(new)[0]
+
+    apart, together = fit(False), fit(True)
+    assert apart > 0.7 * slow  # phase by phase: the new layout is believed ~x1.2 slow
+    assert together < 0.6 * apart  # the shared effect takes the probe's factor out of the update
+    # nothing shared (a deterministic backend): coupling changes nothing
+    gps = {"gen": PhaseGP(PHASE_LEVELS["gen"], gen_keys, y_gen, noise),
+           "update_actor": PhaseGP(PHASE_LEVELS["update_actor"], upd_keys, y_upd, noise)}
+    couple_probes(gps, {"gen": [0, 1, 2, 3, 4], "update_actor": [0, 1, 2, 3, 4]}, 0.0)
+    assert gps["update_actor"].predict(new)[0] == pytest.approx(apart)
