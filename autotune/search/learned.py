@@ -116,7 +116,8 @@ class CorrectedModel:
         """observations: (canonical params, predicted phase_s, measured phase_s, measured other seconds);
         profile: the node profile the study started from (search/node_prior.py), whose per-phase median residual
         is each phase's prior mean, with a whole-phase prior as wide as the node's spread (at least
-        PROFILE_MIN_SCALE) instead of WHOLE_PHASE; noise_rel: a probe's noise in each phase's log time (gp_noise_rel)."""
+        PROFILE_MIN_SCALE) instead of WHOLE_PHASE; noise_rel: a probe's noise in each phase's log time (gp_noise_rel),
+        of which all but a phase's own NOISE_REL is the probe's, shared by its phases (phase_gp.couple_probes)."""
         self.cfg = cfg
         self.n = len(observations)
         self.observations, self.profile, self.noise_rel = observations, profile, noise_rel
@@ -229,7 +230,7 @@ def observations(trials: list[FrozenTrial], cfg: TuneConfig) -> list[tuple[dict,
 def gp_noise_rel(study: optuna.Study, trials: list[FrozenTrial]) -> float:
     """A probe's noise in each phase's log time: NOISE_REL for a deterministic backend; where probes are noisy, the
     noise these trials measured as storage/noise.probe_sigma pools it with its prior. A probe's slow or fast launch
-    moves every phase of it alike (issue 34)."""
+    moves every phase of it alike (issue 34): the corrected model holds that part as one effect per probe."""
     if not study.user_attrs.get(NOISY_ATTR):
         return NOISE_REL
     return max(NOISE_REL, probe_sigma(measured_noise([TrialRecord.of(t) for t in trials])))
