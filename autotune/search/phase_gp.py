@@ -85,7 +85,7 @@ class PhaseGP:
             for ix in groups.values():
                 K[np.ix_(ix, ix)] += scale * scale
         K[np.diag_indices(self.n)] += noise_rel ** 2
-        self._K, self._y = K, y
+        self.K, self.y = K, y  # the residuals' prior covariance (noise included) and the residuals
         self.K_inv = np.linalg.inv(K)
         self.alpha = self.K_inv @ y
 
@@ -93,7 +93,7 @@ class PhaseGP:
     def log_evidence(self) -> float:
         """Log marginal likelihood up to its constant: how well these prior scales explain the residuals (only the
         phases with per-flag terms ask, best_evidence_gp)."""
-        return -0.5 * float(self._y @ self.alpha) - 0.5 * float(np.linalg.slogdet(self._K)[1])
+        return -0.5 * float(self.y @ self.alpha) - 0.5 * float(np.linalg.slogdet(self.K)[1])
 
     def predict(self, params: Mapping) -> tuple[float, float]:
         """(posterior mean, posterior variance) of log(measured / predicted) for this candidate."""
@@ -151,9 +151,9 @@ def couple_probes(gps: Mapping[str, PhaseGP], probes: Mapping[str, list[int]], s
     y = np.empty(total)
     for p in phases:
         a, gp = offsets[p], gps[p]
-        sigma[a:a + gp.n, a:a + gp.n] = gp._K
+        sigma[a:a + gp.n, a:a + gp.n] = gp.K
         probe[a:a + gp.n] = probes[p]
-        y[a:a + gp.n] = gp._y
+        y[a:a + gp.n] = gp.y
     sigma += shared_var * (probe[:, None] == probe[None, :])
     sigma_inv = np.linalg.inv(sigma)
     alpha = sigma_inv @ y
