@@ -103,3 +103,19 @@ def test_a_probe_whose_every_phase_ran_slow_is_read_as_a_slow_probe_where_other_
            "update_actor": PhaseGP(PHASE_LEVELS["update_actor"], upd_keys, y_upd, noise)}
     couple_probes(gps, {"gen": [0, 1, 2, 3, 4], "update_actor": [0, 1, 2, 3, 4]}, 0.0)
     assert gps["update_actor"].predict(new)[0] == pytest.approx(apart)
+
+
+def test_with_one_phase_measured_the_shared_effect_is_that_phases_noise():
+    """A study whose probes timed one phase only: the coupled GP (own noise + shared effect) is the phase's GP at the
+    probe's whole noise, not one that takes the probe for 5% noise."""
+    from autotune.search.phase_gp import couple_probes
+
+    keys = [_params(actor_engine="fsdp", ulysses_sp=sp) for sp in (1, 2, 4)]
+    y = np.array([0.1, -0.05, 0.2])
+    noise, own = 0.1, 0.05
+    whole = PhaseGP(PHASE_LEVELS["update_actor"], keys, y, noise)
+    gps = {"update_actor": PhaseGP(PHASE_LEVELS["update_actor"], keys, y, own)}
+    couple_probes(gps, {"update_actor": [0, 1, 2]}, noise ** 2 - own ** 2)
+    other = _params(actor_engine="megatron", actor_tp=2)
+    for p in keys + [other]:
+        assert gps["update_actor"].predict(p) == pytest.approx(whole.predict(p))
