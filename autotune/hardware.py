@@ -27,6 +27,9 @@ class GpuSpec:
     inter_node_bytes_per_s: float  # network bandwidth per GPU, one direction
     host_link_bytes_per_s: float  # PCIe host<->device, one direction (offload traffic)
     source: str
+    # The share of peak_bf16_flops its own GEMM libraries reach on a large bf16 GEMM, where a published measurement
+    # says so; None: the H200's, measured here (calibration.py ThroughputConstants.matmul_peak_fraction)
+    matmul_peak_fraction: float | None = None
 
 
 _NVLINK4 = 450e9  # NVLink 4: 900 GB/s bidirectional per GPU

@@ -27,7 +27,9 @@ Mapping assumptions (not read in the sources; stated so they can be checked):
   (https://www.nvidia.com/en-us/data-center/gb200-nvl72/);
 - MI300X (not in autotune's GPU table): 1307.4e12 dense bf16 FLOP/s, 192 GB HBM3 at 5.3 TB/s, Infinity Fabric
   7 links x 64 GB/s per direction to the node's other GPUs, PCIe 5 x16 to the host
-  (https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html).
+  (https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html); its GEMMs reach 708 TFLOP/s at best
+  (AMD's Max-Achievable FLOPs, MI300X_MAF below: 0.54 of peak, the H200's 0.8 here), so its compute terms are
+  priced at that share (model/cost.matmul_rate_factor).
 
 Fitted constants (few, physical, on the rows whose mean is published, unless left out): see FITTED below.
 """
@@ -60,9 +62,15 @@ VLLM_SHARE = 0.6
 GB200 = GpuSpec(name="GB200", peak_bf16_flops=2.5e15, mem_gib=186e9 / 2**30, hbm_bytes_per_s=8.0e12,
                 intra_node_bytes_per_s=900e9, inter_node_bytes_per_s=50e9, host_link_bytes_per_s=450e9,
                 source="https://www.nvidia.com/en-us/data-center/gb200-nvl72/")
+# AMD's own Max-Achievable FLOPs for the MI300X: 708 TFLOP/s bf16 on hipBLASLt's best GEMM (4096 x 4864 x 32896, a
+# pre-release hipBLASLt, 2025-02), 0.54 of the 1307 peak, where the H200 here reached ~0.8 of its own
+MI300X_MAF = ("https://github.com/ROCm/rocm-blogs/blob/8e011952aebcdc6ad86b42f5ee236136aa8765dd/blogs/"
+              "software-tools-optimization/measuring-max-achievable-flops-part2/README.md")
 MI300X = GpuSpec(name="MI300X", peak_bf16_flops=1307.4e12, mem_gib=192e9 / 2**30, hbm_bytes_per_s=5.3e12,
                  intra_node_bytes_per_s=7 * 64e9, inter_node_bytes_per_s=50e9, host_link_bytes_per_s=64e9,
-                 source="https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html")
+                 matmul_peak_fraction=708e12 / 1307.4e12,
+                 source="https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html; "
+                        f"reachable GEMM rate: {MI300X_MAF}")
 EXTRA_GPUS = {"GB200": GB200, "MI300X": MI300X}
 NVLINK_DOMAIN = {"H100-80GB": 8, "GB200": 72}
 # (section, field, grid): the constants fitted here, none per row

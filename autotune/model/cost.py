@@ -48,8 +48,14 @@ def gpu_curve_factors(gpu: GpuSpec | None, c: ThroughputConstants = THROUGHPUT) 
     ridge_fit = c.fit_peak_flops / c.fit_hbm_bytes_per_s
     ridge = gpu.peak_bf16_flops / gpu.hbm_bytes_per_s
     elementwise = (1 / c.mfu_max_cap - 1 / c.matmul_peak_fraction) / ridge_fit  # per unit of ridge
-    ceiling = 1 / (1 / c.matmul_peak_fraction + elementwise * ridge)
+    ceiling = 1 / (1 / (gpu.matmul_peak_fraction or c.matmul_peak_fraction) + elementwise * ridge)
     return ridge / ridge_fit, ceiling / c.mfu_max_cap
+
+
+def matmul_rate_factor(gpu: GpuSpec, c: ThroughputConstants = THROUGHPUT) -> float:
+    """This GPU's reachable GEMM rate, as a share of its peak, against the H200's that the constants were fitted at
+    (1.0 where no measurement of its own is known): it scales every compute-bound term priced as a share of peak."""
+    return (gpu.matmul_peak_fraction or c.matmul_peak_fraction) / c.matmul_peak_fraction
 
 
 def train_mfu(tokens_per_micro: float, hidden_per_gpu: float, c: ThroughputConstants = THROUGHPUT, *,
@@ -301,7 +307,8 @@ def _rollout_s(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candida
     active = model.active_param_count()
     generated = seqs * resp_mean
     # per step: the larger of reading the weights and the batch's matmuls; per token: reading its KV cache
-    compute_total_s = 2 * active * generated / tp / (gpu.peak_bf16_flops * k.rollout.prefill_mfu)
+    prefill_flops_per_s = gpu.peak_bf16_flops * k.rollout.prefill_mfu * matmul_rate_factor(gpu, k.throughput)
+    compute_total_s = 2 * active * generated / tp / prefill_flops_per_s
     kv_total_s = generated * (prompt + resp_mean / 2) * kv_per_token / bw
     decode_s = (max(steps * weight_read_s, compute_total_s) + kv_total_s
                 + steps * (allreduce_s + k.rollout.decode_step_overhead_s))
@@ -309,7 +316,7 @@ def _rollout_s(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candida
         decode_s += steps * model.num_layers * k.rollout.eager_decode_s_per_layer
     prefill_tokens = seqs * prompt
     chunks = prefill_tokens / cand.max_num_batched_tokens
-    prefill_s = max(2 * active * prefill_tokens / tp / (gpu.peak_bf16_flops * k.rollout.prefill_mfu),
+    prefill_s = max(2 * active * prefill_tokens / tp / prefill_flops_per_s,
                     chunks * weight_read_s)
     stall = k.rollout.chunked_prefill_stall if cand.enable_chunked_prefill else k.rollout.unchunked_prefill_stall
     wake_sleep_s = 2 * _host_copy_s(BF16 * model.param_count() / tp, gpu, k)  # sleep level 1 offloads weights
