@@ -28,7 +28,7 @@ import math
 import random
 import statistics
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -112,15 +112,23 @@ class CorrectedModel:
     """The cost model times each phase's learned residual, with its uncertainty."""
 
     def __init__(self, cfg: TuneConfig, observations: list[tuple[dict, dict, dict, float | None]],
-                 profile: Mapping | None = None, noise_rel: float = NOISE_REL) -> None:
+                 profile: Mapping | None = None, noise_rel: float = NOISE_REL,
+                 launches: list[Hashable | None] | None = None) -> None:
         """observations: (canonical params, predicted phase_s, measured phase_s, measured other seconds);
         profile: the node profile the study started from (search/node_prior.py), whose per-phase median residual
         is each phase's prior mean, with a whole-phase prior as wide as the node's spread (at least
         PROFILE_MIN_SCALE) instead of WHOLE_PHASE; noise_rel: a probe's noise in each phase's log time (gp_noise_rel),
-        of which all but a phase's own NOISE_REL is the probe's, shared by its phases (phase_gp.couple_probes)."""
+        of which all but a phase's own NOISE_REL is the launch's, shared by its phases (phase_gp.couple_probes);
+        launches: each observation's launch (launch_key; None: a launch of its own). The configurations one launch
+        measured share its effect: the same node and processes, one after the other (a repeat within the H100's
+        launches 0.2-4.4% apart, benchmarks/results/h100-2026-12-07-shared-study/shared_vs_separate.txt)."""
         self.cfg = cfg
         self.n = len(observations)
         self.observations, self.profile, self.noise_rel = observations, profile, noise_rel
+        self.launches = list(launches) if launches is not None else [None] * self.n
+        launch_ids: dict = {}
+        launch_of = [launch_ids.setdefault(("own", i) if key is None else ("launch", key), len(launch_ids))
+                     for i, key in enumerate(self.launches)]
         self.gps: dict[str, PhaseGP] = {}
         self.prior: dict[str, tuple[float, float]] = {}  # phase -> (prior mean, whole-phase prior scale)
         for phase, v in ((profile or {}).get("phases") or {}).items():
@@ -140,7 +148,7 @@ class CorrectedModel:
             gp = best_evidence_gp(levels, keys, y, noise_rel)
             if shared_var > 0:
                 gp = PhaseGP(gp.levels, keys, y, NOISE_REL)
-            self.gps[phase], probes[phase] = gp, [r[0] for r in rows]
+            self.gps[phase], probes[phase] = gp, [launch_of[r[0]] for r in rows]
         couple_probes(self.gps, probes, shared_var)
         others = [o for *_, o in observations if o is not None and o >= 0]
         # what the step spends outside the timed phases: measured by this study's probes, else by the node's
@@ -167,7 +175,7 @@ class CorrectedModel:
         base = base_prediction(self.cfg, Candidate(**params), workload)
         fantasy = {p: s * math.exp(self.phase_residual(p, params)[0]) for p, s in base.phase_s.items() if s > 0}
         return CorrectedModel(self.cfg, self.observations + [(params, base.phase_s, fantasy, None)], self.profile,
-                              self.noise_rel)
+                              self.noise_rel, self.launches + [None])
 
     @classmethod
     def from_study(cls, study: optuna.Study, cfg: TuneConfig) -> "CorrectedModel":
@@ -178,8 +186,9 @@ class CorrectedModel:
         """From these trials (the study's, or a prefix of them in the benchmark), the study's node profile and the
         noise these trials measured."""
         profile = study.user_attrs.get(PROFILE_ATTR)
-        return cls(cfg, observations(trials, cfg), profile if profile and not profile.get("none") else None,
-                   gp_noise_rel(study, trials))
+        seen = observed(trials, cfg)
+        return cls(cfg, [o for o, _ in seen], profile if profile and not profile.get("none") else None,
+                   gp_noise_rel(study, trials), [launch for _, launch in seen])
 
     def log_time(self, params: Mapping, base: Base, phases: frozenset | None = None,
                  other: bool = True) -> tuple[float, float]:
@@ -206,8 +215,19 @@ class CorrectedModel:
         return median
 
 
-def observations(trials: list[FrozenTrial], cfg: TuneConfig) -> list[tuple[dict, dict, dict, float | None]]:
-    """(canonical params, predicted phase_s, measured phase_s, measured other seconds) of each measured trial."""
+def launch_key(user_attrs: Mapping) -> Hashable | None:
+    """The launch a trial was measured in, where it shared one with other configurations (its run folder and the
+    trials it was launched with, backends/verl/shared_launch.py; the sim's groups have no folder); None: its own."""
+    launch = user_attrs.get("launch")
+    if not isinstance(launch, dict) or not launch.get("trials"):
+        return None
+    return launch.get("run_dir"), tuple(launch["trials"])
+
+
+def observed(trials: list[FrozenTrial], cfg: TuneConfig) -> list[tuple[tuple[dict, dict, dict, float | None],
+                                                                         Hashable | None]]:
+    """(observation, launch_key) of each measured trial; an observation: (canonical params, predicted phase_s,
+    measured phase_s, measured other seconds)."""
     obs = []
     for t in trials:
         if t.state != TrialState.COMPLETE:
@@ -223,7 +243,8 @@ def observations(trials: list[FrozenTrial], cfg: TuneConfig) -> list[tuple[dict,
         base = base_prediction(cfg, cand, trial_workload(cfg, t.user_attrs))
         step_s = t.user_attrs.get("step_s")
         other = step_s - sum(measured.values()) if step_s else None
-        obs.append((canonical_params(cand.as_params(), separate_reference(cfg.workload)), base.phase_s, measured, other))
+        obs.append(((canonical_params(cand.as_params(), separate_reference(cfg.workload)), base.phase_s, measured,
+                     other), launch_key(t.user_attrs)))
     return obs
 
 

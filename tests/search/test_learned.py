@@ -261,3 +261,33 @@ def test_an_improve_pick_pairs_the_lead_layout_with_the_rollout_setting_that_lea
     picks = learned._layout_led(acq.cfg, None, acq, [], {}, 0, lambda s: True)
     assert [rollout_key(s.candidate.as_params()) for s in picks[:2]] == [rollout_key(with_a.as_params()),
                                                                        rollout_key(with_b.as_params())]
+
+
+def test_configurations_of_one_launch_share_its_effect_and_a_repeat_in_it_reads_the_launch(tmp_path):
+    """Issue 34: a shared launch's configurations ran on one node, one after the other; its slowness is theirs alike.
+    The job (A) was measured alone at the model's times; a later launch measured A again and a new layout (B, with
+    a rollout setting nobody else probed) and ran x1.25 slow in every phase. Taken as separate probes, B's x1.25 is
+    B's; taken as one launch, A's repeat says the launch was slow, and B keeps little of it."""
+    cfg = _cfg(tmp_path, trials=4)
+    a = Candidate(rollout_tp=2)
+    b = Candidate(actor_engine="megatron", actor_tp=2, rollout_tp=4, max_num_seqs=512)
+    pa, pb = (canonical_params(c.as_params(), True) for c in (a, b))
+    base_a, base_b = (base_prediction(cfg, c, cfg.workload).phase_s for c in (a, b))
+    slow = 1.25
+    obs = [(pa, base_a, dict(base_a), None), (pa, base_a, dict(base_a), None),
+           (pa, base_a, {p: s * slow for p, s in base_a.items()}, None),
+           (pb, base_b, {p: s * slow for p, s in base_b.items()}, None)]
+    launch = ("/runs/launch-2", (7, 8))
+
+    def believed_slowness(launches) -> float:
+        """B's update as the corrected model believes it, over the model's own."""
+        model = CorrectedModel(cfg, obs, noise_rel=0.1, launches=launches)
+        return math.exp(model.phase_residual("update_actor", pb)[0])
+
+    apart = believed_slowness(None)
+    together = believed_slowness([None, None, launch, launch])
+    assert apart > 1.15  # each probe its own effect: B's update is believed ~x1.2 slow
+    assert together < 1.0 + 0.5 * (apart - 1.0)  # the launch's effect, read from A's repeat, is taken out of B
+    # a deterministic backend (no shared noise): launches change nothing
+    assert (CorrectedModel(cfg, obs, launches=[None, None, launch, launch]).phase_residual("update_actor", pb)
+            == pytest.approx(CorrectedModel(cfg, obs).phase_residual("update_actor", pb)))
