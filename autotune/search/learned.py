@@ -120,8 +120,9 @@ class CorrectedModel:
         PROFILE_MIN_SCALE) instead of WHOLE_PHASE; noise_rel: a probe's noise in each phase's log time (gp_noise_rel),
         of which all but a phase's own NOISE_REL is the launch's, shared by its phases (phase_gp.couple_probes);
         launches: each observation's launch (launch_key; None: a launch of its own). The configurations one launch
-        measured share its effect: the same node and processes, one after the other (a repeat within the H100's
-        launches 0.2-4.4% apart, benchmarks/results/h100-2026-12-07-shared-study/shared_vs_separate.txt)."""
+        measured share its effect: the same node and processes, one after the other (the first configuration repeated
+        at its launch's end: 0.2-12.6% apart, four of five H100 launches under 5%, benchmarks/results/h100-2026-12-07-
+        shared-study and -holdout-study, shared_vs_separate.txt)."""
         self.cfg = cfg
         self.n = len(observations)
         self.observations, self.profile, self.noise_rel = observations, profile, noise_rel
