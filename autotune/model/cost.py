@@ -109,10 +109,12 @@ class PassTime:
 def _pass_parts(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand: Candidate, layout: ParallelLayout, *,
                 forward_only: bool, role: str = "actor", k: ModelConstants) -> PassTime:
     """Compute and communication of one rank's share of a full-batch pass (all mini-batches, all epochs)."""
+    # without remove-padding every row is padded to the longest prompt + response, attention included
     seq = workload.mean_seq_len if cand.use_remove_padding else workload.seq_len
+    seq_sq = mean_square_seq_len(workload) if cand.use_remove_padding else None
     seqs_per_rank = layout.trajectories_per_rank
     split = cand.actor_tp * cand.actor_cp * cand.actor_pp if cand.is_megatron else cand.ulysses_sp
-    flops = train_flops_uniform(model, seqs_per_rank, seq) / split
+    flops = train_flops_uniform(model, seqs_per_rank, seq, seq_sq) / split
     expert_flops = 6 * _expert_n(model) * seqs_per_rank * seq / split
     if forward_only:
         flops /= 3.0
@@ -257,6 +259,16 @@ def decode_weight_bytes(model: ModelSpec, batch: float) -> float:
     return BF16 * (model.param_count() - experts + experts * experts_touched(model, batch))
 
 
+def mean_square_seq_len(workload: Workload) -> float:
+    """Mean of the squared prompt + response lengths, what attention's FLOPs grow with (verl counts each sequence's
+    own length squared: utils/flops_counter.py, seqlen_square_sum). The response's variance is the exponential's
+    (its mean squared; the same right-skewed assumption as expected_longest), at most the largest any lengths within
+    the cap allow, mean x (cap - mean) (Bhatia and Davis 2000): none when every response runs to the cap."""
+    mean, cap = workload.response_mean, float(workload.max_response_length)
+    variance = min(mean * mean, mean * max(cap - mean, 0.0))
+    return workload.mean_seq_len ** 2 + variance
+
+
 def expected_longest(n: float, mean_len: float, max_len: float) -> float:
     """Expected longest of `n` responses of mean `mean_len` capped at `max_len`: the longest of n exponential draws
     is the mean times the n-th harmonic number (about ln n + 0.577), capped. An assumption (response lengths are
@@ -336,7 +348,7 @@ def _update_weights_s(model: ModelSpec, gpu: GpuSpec, cand: Candidate, layout: P
 
 # The time model's revision: a node profile holds residuals against one model, so a model that prices a new cause
 # starts new profiles (storage/node_profile.py NodeKind.model). Bump it with every change to phase times.
-MODEL_REVISION = "2026-12-07-megatron-step-sync"
+MODEL_REVISION = "2026-12-07-attention-mean-square"
 
 
 def logprob_loop_s(workload: Workload, cand: Candidate, layout: ParallelLayout, *, forward_only: bool,
@@ -390,7 +402,8 @@ def estimate_step_time(model: ModelSpec, gpu: GpuSpec, workload: Workload, cand:
     tokens = workload.trajectories_per_step * workload.mean_seq_len
     world = layout.world_size
     # verl counts the real (unpadded) tokens of the batch (engine_workers.py:228-235, global_token_num)
-    real_flops = train_flops_uniform(model, workload.trajectories_per_step, workload.mean_seq_len) * workload.ppo_epochs
+    real_flops = train_flops_uniform(model, workload.trajectories_per_step, workload.mean_seq_len,
+                                     mean_square_seq_len(workload)) * workload.ppo_epochs
     mfu_actor = real_flops / update_s / (gpu.peak_bf16_flops * world)
     # verl's FlopsCounter knows nothing of LoRA and counts 6N per token; a frozen base needs 4N
     model_flops_share = 4.0 / 6.0 if workload.lora_rank else 1.0

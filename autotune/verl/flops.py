@@ -65,10 +65,13 @@ def forward_flops(model: ModelSpec, seqlens: Sequence[int]) -> float:
     return train_flops(model, seqlens) / 3.0
 
 
-def train_flops_uniform(model: ModelSpec, num_seqs: float, seqlen: float) -> float:
-    """`train_flops` for `num_seqs` sequences of equal length, without building a list."""
+def train_flops_uniform(model: ModelSpec, num_seqs: float, seqlen: float, seqlen_sq: float | None = None) -> float:
+    """`train_flops` for `num_seqs` sequences of mean length `seqlen`, without building a list: attention counts
+    each sequence's own length squared (the sum of squares above), so `seqlen_sq`, the mean of the squared lengths,
+    where they vary (default: all of one length)."""
     dense = 6 * verl_dense_n(model) * num_seqs * seqlen
-    attn = 6 * num_seqs * seqlen * seqlen * model.attn_core_head_dim * model.num_heads * model.num_layers
+    sq = seqlen * seqlen if seqlen_sq is None else seqlen_sq
+    attn = 6 * num_seqs * sq * model.attn_core_head_dim * model.num_heads * model.num_layers
     return float(dense + attn)
 
 

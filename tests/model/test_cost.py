@@ -216,3 +216,24 @@ def test_megatron_syncs_gradients_and_parameters_at_every_optimizer_step():
                                                                                        DEFAULT_CONSTANTS)
     assert layout.dp == 4 and per_step > 0
     assert hidden["four"] - hidden["one"] == pytest.approx(3 * per_step)
+
+
+def test_attention_counts_the_mean_of_squared_lengths_where_responses_vary():
+    """verl's FLOP counter sums each sequence's own length squared (utils/flops_counter.py seqlen_square_sum); the
+    model priced attention at the mean length squared, too little where responses vary. An exponential-like spread
+    (variance the mean squared) where the cap leaves room; none when every response runs to the cap."""
+    from dataclasses import replace
+
+    from autotune.model.cost import mean_square_seq_len
+
+    long = Workload(max_prompt_length=1024, prompt_fill=0.25, max_response_length=32768, mean_response_length=8000)
+    assert mean_square_seq_len(long) == pytest.approx((256 + 8000) ** 2 + 8000 ** 2)
+    near_cap = replace(long, mean_response_length=30000)  # at most mean x (cap - mean) (Bhatia-Davis)
+    assert mean_square_seq_len(near_cap) == pytest.approx((256 + 30000) ** 2 + 30000 * 2768)
+    at_cap = replace(long, mean_response_length=None)
+    assert mean_square_seq_len(at_cap) == pytest.approx(at_cap.mean_seq_len ** 2)
+    rmpad = DEFAULT_7B.with_(use_remove_padding=True)
+    spread, uniform = step(rmpad, workload=long), step(rmpad, workload=replace(long, max_response_length=8000))
+    # the same mean: the spread's attention costs more in every training pass, and verl's MFU counts it
+    assert spread.phase_s["update_actor"] > 1.05 * uniform.phase_s["update_actor"]
+    assert spread.phase_s["old_log_prob"] > 1.05 * uniform.phase_s["old_log_prob"]

@@ -23,6 +23,8 @@ def test_formula_by_hand_for_a_dense_model():
     assert train_flops(m, seqs) == expected
     assert forward_flops(m, seqs) == expected / 3
     assert train_flops_uniform(m, 2, 200) == train_flops(m, [200, 200])
+    # lengths that vary: attention counts each one's square, so the mean of the squares, not the mean's square
+    assert train_flops_uniform(m, 2, 200, (100**2 + 300**2) / 2) == pytest.approx(expected)
 
 
 def test_moe_counts_routed_experts_and_router_only():
