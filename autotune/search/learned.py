@@ -53,6 +53,7 @@ from autotune.spaces.space import SearchSpace
 from autotune.storage.node_profile import PROFILE_ATTR
 from autotune.storage.noise import measured_noise, probe_sigma
 from autotune.storage.records import TrialRecord, best_records, is_result
+from autotune.storage.tuning_cost import launch_of
 from autotune.workload import Workload
 
 # the narrowest whole-phase prior a node profile gives: a new job on a known node still differs by up to ~1.25x per
@@ -119,17 +120,17 @@ class CorrectedModel:
         is each phase's prior mean, with a whole-phase prior as wide as the node's spread (at least
         PROFILE_MIN_SCALE) instead of WHOLE_PHASE; noise_rel: a probe's noise in each phase's log time (gp_noise_rel),
         of which all but a phase's own NOISE_REL is the launch's, shared by its phases (phase_gp.couple_probes);
-        launches: each observation's launch (launch_key; None: a launch of its own). The configurations one launch
-        measured share its effect: the same node and processes, one after the other (the first configuration repeated
-        at its launch's end: 0.2-12.6% apart, four of five H100 launches under 5%, benchmarks/results/h100-2026-12-07-
-        shared-study and -holdout-study, shared_vs_separate.txt)."""
+        launches: each observation's launch (storage/tuning_cost.launch_of; None: a launch of its own). The
+        configurations one launch measured share its effect: the same node and processes, one after the other (the
+        first configuration repeated at its launch's end: 0.2-12.6% apart, four of five H100 launches under 5%,
+        benchmarks/results/h100-2026-12-07-shared-study and -holdout-study, shared_vs_separate.txt)."""
         self.cfg = cfg
         self.n = len(observations)
         self.observations, self.profile, self.noise_rel = observations, profile, noise_rel
         self.launches = list(launches) if launches is not None else [None] * self.n
         launch_ids: dict = {}
-        launch_of = [launch_ids.setdefault(("own", i) if key is None else ("launch", key), len(launch_ids))
-                     for i, key in enumerate(self.launches)]
+        launch_index = [launch_ids.setdefault(("own", i) if key is None else ("launch", key), len(launch_ids))
+                        for i, key in enumerate(self.launches)]
         self.gps: dict[str, PhaseGP] = {}
         self.prior: dict[str, tuple[float, float]] = {}  # phase -> (prior mean, whole-phase prior scale)
         for phase, v in ((profile or {}).get("phases") or {}).items():
@@ -149,7 +150,7 @@ class CorrectedModel:
             gp = best_evidence_gp(levels, keys, y, noise_rel)
             if shared_var > 0:
                 gp = PhaseGP(gp.levels, keys, y, NOISE_REL)
-            self.gps[phase], probes[phase] = gp, [launch_of[r[0]] for r in rows]
+            self.gps[phase], probes[phase] = gp, [launch_index[r[0]] for r in rows]
         couple_probes(self.gps, probes, shared_var)
         others = [o for *_, o in observations if o is not None and o >= 0]
         # what the step spends outside the timed phases: measured by this study's probes, else by the node's
@@ -216,19 +217,10 @@ class CorrectedModel:
         return median
 
 
-def launch_key(user_attrs: Mapping) -> Hashable | None:
-    """The launch a trial was measured in, where it shared one with other configurations (its run folder and the
-    trials it was launched with, backends/verl/shared_launch.py; the sim's groups have no folder); None: its own."""
-    launch = user_attrs.get("launch")
-    if not isinstance(launch, dict) or not launch.get("trials"):
-        return None
-    return launch.get("run_dir"), tuple(launch["trials"])
-
-
 def observed(trials: list[FrozenTrial], cfg: TuneConfig) -> list[tuple[tuple[dict, dict, dict, float | None],
                                                                          Hashable | None]]:
-    """(observation, launch_key) of each measured trial; an observation: (canonical params, predicted phase_s,
-    measured phase_s, measured other seconds)."""
+    """(observation, launch) of each measured trial; an observation: (canonical params, predicted phase_s, measured
+    phase_s, measured other seconds); the launch that measured it as storage/tuning_cost.launch_of names it."""
     obs = []
     for t in trials:
         if t.state != TrialState.COMPLETE:
@@ -245,7 +237,7 @@ def observed(trials: list[FrozenTrial], cfg: TuneConfig) -> list[tuple[tuple[dic
         step_s = t.user_attrs.get("step_s")
         other = step_s - sum(measured.values()) if step_s else None
         obs.append(((canonical_params(cand.as_params(), separate_reference(cfg.workload)), base.phase_s, measured,
-                     other), launch_key(t.user_attrs)))
+                     other), launch_of(t.user_attrs, t.number)))
     return obs
 
 
