@@ -42,7 +42,7 @@ from autotune.model.host_memory import estimate_host_memory
 from autotune.model.memory import estimate_memory
 from autotune.search.equivalence import LAYOUT, canonical_params, config_key, layout_key, rollout_key, tried_keys
 from autotune.search.phase_gp import (WHOLE_PHASE, DEFAULT_LEVELS, NOISE_REL, PHASE_LEVELS, ROLLOUT, PhaseGP,
-                                      best_evidence_gp, couple_probes)
+                                      best_evidence_gp, couple_probes, shared_effects)
 from autotune.search.prescreen import MemoryGate, dominates_oom, measured_outcomes, memory_ratio
 from autotune.search.warmstart import neighbours, sample_point
 from autotune.spaces.candidate import Candidate
@@ -152,6 +152,10 @@ class CorrectedModel:
                 gp = PhaseGP(gp.levels, keys, y, NOISE_REL)
             self.gps[phase], probes[phase] = gp, [launch_index[r[0]] for r in rows]
         couple_probes(self.gps, probes, shared_var)
+        # how slow each launch ran as the model reads it, in log time, by its launch (an observation's index where it
+        # had none); empty on a deterministic backend
+        keys = {index: (key[1] if key[0] == "launch" else ("observation", key[1])) for key, index in launch_ids.items()}
+        self.launch_effects = {keys[g]: u for g, u in shared_effects(self.gps, probes, shared_var).items()}
         others = [o for *_, o in observations if o is not None and o >= 0]
         # what the step spends outside the timed phases: measured by this study's probes, else by the node's
         # profile, else the model's constant

@@ -164,6 +164,21 @@ def couple_probes(gps: Mapping[str, PhaseGP], probes: Mapping[str, list[int]], s
         gp.alpha = alpha[a:a + gp.n]
 
 
+def shared_effects(gps: Mapping[str, PhaseGP], probes: Mapping[str, list[int]], shared_var: float) -> dict[int, float]:
+    """Each probe's (or launch's) shared effect in log time as couple_probes left the GPs conditioned: its posterior
+    mean, shared_var times the sum of the joint weights over that probe's rows (the best linear unbiased predictor of
+    a random effect, Robinson 1991). Empty where nothing is shared."""
+    effects: dict[int, float] = {}
+    if shared_var <= 0:
+        return effects
+    for phase, gp in gps.items():
+        if not gp.n:
+            continue
+        for group, weight in zip(probes[phase], gp.alpha):
+            effects[group] = effects.get(group, 0.0) + shared_var * float(weight)
+    return effects
+
+
 def _getter(knobs: tuple):
     """The group key of a candidate's canonical params (which hold every knob) for these knobs."""
     if not knobs:

@@ -288,6 +288,12 @@ def test_configurations_of_one_launch_share_its_effect_and_a_repeat_in_it_reads_
     together = believed_slowness([None, None, launch, launch])
     assert apart > 1.15  # each probe its own effect: B's update is believed ~x1.2 slow
     assert together < 1.0 + 0.5 * (apart - 1.0)  # the launch's effect, read from A's repeat, is taken out of B
-    # a deterministic backend (no shared noise): launches change nothing
-    assert (CorrectedModel(cfg, obs, launches=[None, None, launch, launch]).phase_residual("update_actor", pb)
-            == pytest.approx(CorrectedModel(cfg, obs).phase_residual("update_actor", pb)))
+    # and the launch is read as the slow one (its effect's posterior mean), the job's own launches as not slow
+    effects = CorrectedModel(cfg, obs, noise_rel=0.1, launches=[None, None, launch, launch]).launch_effects
+    assert math.exp(effects[launch]) > 1.1
+    assert all(math.exp(effects[("observation", i)]) < 1.0 for i in (0, 1))
+    # a deterministic backend (no shared noise): launches change nothing, and no launch effect is read
+    deterministic = CorrectedModel(cfg, obs, launches=[None, None, launch, launch])
+    assert deterministic.phase_residual("update_actor", pb) == pytest.approx(
+        CorrectedModel(cfg, obs).phase_residual("update_actor", pb))
+    assert deterministic.launch_effects == {}

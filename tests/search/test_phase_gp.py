@@ -98,6 +98,16 @@ def test_a_probe_whose_every_phase_ran_slow_is_read_as_a_slow_probe_where_other_
     apart, together = fit(False), fit(True)
     assert apart > 0.7 * slow  # phase by phase: the new layout is believed ~x1.2 slow
     assert together < 0.6 * apart  # the shared effect takes the probe's factor out of the update
+    # and it is the fifth probe's effect that holds it (its posterior mean), not the four that pinned generation
+    from autotune.search.phase_gp import shared_effects
+
+    gps = {"gen": PhaseGP(PHASE_LEVELS["gen"], gen_keys, y_gen, own),
+           "update_actor": PhaseGP(PHASE_LEVELS["update_actor"], upd_keys, y_upd, own)}
+    probes = {"gen": [0, 1, 2, 3, 4], "update_actor": [0, 1, 2, 3, 4]}
+    couple_probes(gps, probes, shared)
+    effects = shared_effects(gps, probes, shared)
+    assert effects[4] > 0.4 * slow and all(abs(effects[i]) < 0.25 * effects[4] for i in range(4))
+    assert shared_effects(gps, probes, 0.0) == {}
     # nothing shared (a deterministic backend): coupling changes nothing
     gps = {"gen": PhaseGP(PHASE_LEVELS["gen"], gen_keys, y_gen, noise),
            "update_actor": PhaseGP(PHASE_LEVELS["update_actor"], upd_keys, y_upd, noise)}
