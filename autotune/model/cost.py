@@ -48,14 +48,16 @@ def gpu_curve_factors(gpu: GpuSpec | None, c: ThroughputConstants = THROUGHPUT) 
     ridge_fit = c.fit_peak_flops / c.fit_hbm_bytes_per_s
     ridge = gpu.peak_bf16_flops / gpu.hbm_bytes_per_s
     elementwise = (1 / c.mfu_max_cap - 1 / c.matmul_peak_fraction) / ridge_fit  # per unit of ridge
-    ceiling = 1 / (1 / (gpu.matmul_peak_fraction or c.matmul_peak_fraction) + elementwise * ridge)
+    ceiling = 1 / (1 / (c.matmul_peak_fraction * matmul_rate_factor(gpu, c)) + elementwise * ridge)
     return ridge / ridge_fit, ceiling / c.mfu_max_cap
 
 
 def matmul_rate_factor(gpu: GpuSpec, c: ThroughputConstants = THROUGHPUT) -> float:
     """This GPU's reachable GEMM rate, as a share of its peak, against the H200's that the constants were fitted at
     (1.0 where no measurement of its own is known): it scales every compute-bound term priced as a share of peak."""
-    return (gpu.matmul_peak_fraction or c.matmul_peak_fraction) / c.matmul_peak_fraction
+    if gpu.matmul_peak_fraction is None:
+        return 1.0
+    return gpu.matmul_peak_fraction / c.matmul_peak_fraction
 
 
 def train_mfu(tokens_per_micro: float, hidden_per_gpu: float, c: ThroughputConstants = THROUGHPUT, *,

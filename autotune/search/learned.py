@@ -152,16 +152,21 @@ class CorrectedModel:
                 gp = PhaseGP(gp.levels, keys, y, NOISE_REL)
             self.gps[phase], probes[phase] = gp, [launch_index[r[0]] for r in rows]
         couple_probes(self.gps, probes, shared_var)
-        # how slow each launch ran as the model reads it, in log time, by its launch (an observation's index where it
-        # had none); empty on a deterministic backend
-        keys = {index: (key[1] if key[0] == "launch" else ("observation", key[1])) for key, index in launch_ids.items()}
-        self.launch_effects = {keys[g]: u for g, u in shared_effects(self.gps, probes, shared_var).items()}
+        self._launch_rows, self._launch_ids, self._shared_var = probes, launch_ids, shared_var
         others = [o for *_, o in observations if o is not None and o >= 0]
         # what the step spends outside the timed phases: measured by this study's probes, else by the node's
         # profile, else the model's constant
         profile_other = (profile or {}).get("other_s")
         self.other_s = (statistics.median(others) if others else profile_other if profile_other is not None
                         else DEFAULT_CONSTANTS.system.step_fixed_s)
+
+    @property
+    def launch_effects(self) -> dict:
+        """How slow each launch ran as the model reads it, in log time, by its launch (("observation", i) where an
+        observation had none); empty on a deterministic backend. Read on demand: the search never asks."""
+        keys = {index: (key[1] if key[0] == "launch" else ("observation", key[1]))
+                for key, index in self._launch_ids.items()}
+        return {keys[g]: u for g, u in shared_effects(self.gps, self._launch_rows, self._shared_var).items()}
 
     def phase_residual(self, phase: str, params: Mapping) -> tuple[float, float]:
         """(mean, variance) of log(measured / predicted) of one phase for this candidate."""
@@ -248,7 +253,7 @@ def observed(trials: list[FrozenTrial], cfg: TuneConfig) -> list[tuple[tuple[dic
 def gp_noise_rel(study: optuna.Study, trials: list[FrozenTrial]) -> float:
     """A probe's noise in each phase's log time: NOISE_REL for a deterministic backend; where probes are noisy, the
     noise these trials measured as storage/noise.probe_sigma pools it with its prior. A probe's slow or fast launch
-    moves every phase of it alike (issue 34): the corrected model holds that part as one effect per probe."""
+    moves every phase of it alike (issue 34): the corrected model holds that part as one effect per launch."""
     if not study.user_attrs.get(NOISY_ATTR):
         return NOISE_REL
     return max(NOISE_REL, probe_sigma(measured_noise([TrialRecord.of(t) for t in trials])))

@@ -138,9 +138,10 @@ def couple_probes(gps: Mapping[str, PhaseGP], probes: Mapping[str, list[int]], s
     and moves every configuration that shares a group with the probe. Jointly, the phases whose residual other probes
     already pin down (generation under a rollout setting probed before) tell the probe's factor, and it is taken out
     of the others: the linear-mixed-model reading of a random effect per probe (e.g. Rasmussen and Williams 2006,
-    section 2.7). `probes[phase]` is the probe index of each of that GP's rows; each GP's posterior then keeps its own
-    kernel, with the joint precision and weights in place of its own (a new configuration shares no probe). The GPs
-    hold only their phase's own noise; with one phase measured, the shared term is that phase's other noise."""
+    section 2.7). `probes[phase]` is the probe (or launch: whatever shares one effect) index of each of that GP's
+    rows; each GP's posterior then keeps its own kernel, with the joint precision and weights in place of its own (a
+    new configuration shares no probe). The GPs hold only their phase's own noise; with one phase measured, the
+    shared term is that phase's other noise."""
     phases = [p for p in gps if gps[p].n]
     if shared_var <= 0:
         return
