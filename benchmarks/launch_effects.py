@@ -25,6 +25,14 @@ from node_profile_h200 import source_cfg  # noqa: E402
 from profile_new_job_h200 import load  # noqa: E402
 
 
+def _label(key: tuple) -> str:
+    """A launch as storage/tuning_cost.launch_of names it: (run folder, trials) of a shared one, ("trial", n) of one
+    configuration's own (CorrectedModel.launch_effects adds ("observation", i) for one it was given without)."""
+    if key[0] in ("trial", "observation"):
+        return f"{key[0]} {key[1]} (a launch of its own)"
+    return f"launch of trials {list(key[1])}"
+
+
 def main(dbs: list[str]) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     for db in dbs:
@@ -43,10 +51,9 @@ def main(dbs: list[str]) -> int:
             if launch.get("repeat_spread") is not None:
                 spread[tuple(launch.get("trials") or ())] = launch["repeat_spread"]
         for key, effect in sorted(model.launch_effects.items(), key=lambda kv: str(kv[0])):
-            who = key[1] if key and key[0] != "observation" else key
-            repeat = spread.get(tuple(who) if isinstance(who, tuple) else (), None)
-            print(f"  launch of trials {list(who)}: read as x{math.exp(effect):.3f}"
-                  + (f"; its first configuration's repeat {100 * repeat:.1f}% apart" if repeat is not None else ""))
+            print(f"  {_label(key)}: read as x{math.exp(effect):.3f}"
+                  + (f"; its first configuration's repeat {100 * spread[key[1]]:.1f}% apart"
+                     if key[1] in spread else ""))
     return 0
 
 
