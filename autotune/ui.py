@@ -9,7 +9,7 @@ from rich.table import Table
 from autotune.models import MODELS
 from autotune.verl.stages import describe_stages
 from autotune.storage.changes import changes_doc, describe_changes
-from autotune.storage.results import trial_doc
+from autotune.storage.results import lengths_line, trial_doc
 from autotune.storage.tuning_cost import launch_of
 from autotune.storage.node_profile import PROFILE_ATTR, describe_summary
 from autotune.storage.records import (TrialRecord, baseline_label, baseline_record, best_records, probe_role,
@@ -129,6 +129,9 @@ def print_trials(study: optuna.Study) -> None:
     _console.print(table)
     # the node profile the study's model started from (storage/node_profile.py), or why it had none
     _console.print(describe_summary(study.user_attrs.get(PROFILE_ATTR)), markup=False, soft_wrap=True)
+    lengths = lengths_line(study)
+    if lengths:
+        _console.print(lengths, markup=False, soft_wrap=True)
     timed = [r for r in recs if r.user_attrs.get("stage_s")]
     if timed:  # where each launch's time went (autotune/verl/stages.py; the sim's are its own prior, labelled)
         _console.print("where each probe's time went, seconds from its launch:", markup=False)

@@ -24,12 +24,11 @@ from autotune.cli import load_user_job
 from autotune.hardware import get_gpu
 from autotune.model.cost import estimate_step_time
 from autotune.model.memory import estimate_memory
-from autotune.search.node_prior import study_rows
 from autotune.spaces.layout import ParallelLayout
 from autotune.verl.rollout import vllm_eager
 
 sys.path.insert(0, str(Path(__file__).parent))
-from node_profile_h200 import SOURCE_DB, profile_factors, source_cfg  # noqa: E402
+from node_profile_h200 import SOURCE_DB, logged_lengths, profile_factors, rows_at_lengths, source_cfg  # noqa: E402
 
 SCRIPT = Path(__file__).parent / "verl_h200" / "run_other_grpo.sh"
 # issue 29's table: real verl 0.9.1 on one H200, step 2 (measured by the issue's author)
@@ -43,7 +42,8 @@ def main() -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url = f"sqlite:///{SOURCE_DB}"
     study = optuna.load_study(study_name=optuna.get_all_study_summaries(url)[0].study_name, storage=url)
-    rows, others, probes = study_rows(study, source_cfg(study, loop=True))
+    # each of the profile's probes priced at the lengths it ran (verl's logs of that study: search/node_prior.py)
+    rows, others, probes = rows_at_lengths(study, source_cfg(study, loop=True), logged_lengths(SOURCE_DB))
     job = load_user_job(SCRIPT, [], "qwen2.5-1.5b", exporting=False)
     # the profile's study ran vLLM eager, this job with CUDA graphs: its gen rows are not this job's prior
     factor = profile_factors(rows, others, probes, eager_decode=vllm_eager(job.passthrough))

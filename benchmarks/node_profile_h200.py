@@ -17,6 +17,7 @@ issue 29, not done here.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import sys
@@ -32,10 +33,12 @@ from autotune.config import ProbeBudget, TuneConfig  # noqa: E402
 from autotune.hardware import get_gpu  # noqa: E402
 from autotune.model.cost import estimate_step_time  # noqa: E402
 from autotune.models import get_model, model_from_identity  # noqa: E402
+from autotune.search import node_prior  # noqa: E402
 from autotune.search.node_prior import study_rows  # noqa: E402
 from autotune.storage.node_profile import NodeKind, NodeProfile, phase_factors, profile_row  # noqa: E402
 from autotune.spaces.layout import ParallelLayout  # noqa: E402
-from autotune.storage.results import workload_of  # noqa: E402
+from autotune.storage.results import measured_workload, workload_of  # noqa: E402
+from autotune.verl.metrics import PROMPT_MEAN_KEY, RESPONSE_MEAN_KEY  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 SOURCE_DB = RESULTS / "h200-2026-12-05-verl-shared" / "autotune.db"
@@ -54,6 +57,35 @@ def source_cfg(study: optuna.Study, loop: bool, db: Path = SOURCE_DB) -> TuneCon
                       logprob_loop=loop)
 
 
+def logged_lengths(db: Path) -> dict[str, float]:
+    """Medians of the prompt and response means verl logged over the study's committed launches (runs/*/metrics.jsonl,
+    verl's own file logger): for probes stored before autotune kept them in a probe's series (2026-12-08)."""
+    values: dict[str, list[float]] = {PROMPT_MEAN_KEY: [], RESPONSE_MEAN_KEY: []}
+    for path in sorted(db.parent.glob("runs/*/metrics.jsonl")):
+        for line in path.read_text().splitlines():
+            data = json.loads(line).get("data", {})
+            for key, found in values.items():
+                if isinstance(data.get(key), (int, float)):
+                    found.append(float(data[key]))
+    return {key: statistics.median(found) for key, found in values.items() if found}
+
+
+def rows_at_lengths(study: optuna.Study, cfg: TuneConfig, lengths: dict[str, float]) -> tuple:
+    """search/node_prior.study_rows, each probe priced at the lengths it ran: its own series where it kept them (a
+    study recorded since 2026-12-08), else `lengths` (logged_lengths: verl's logs of the study's launches)."""
+    def with_logged(workload, attrs):
+        series = attrs.get("series") or {}
+        if lengths and not any(key in series for key in lengths):
+            attrs = {**attrs, "series": {**series, **{key: [value] for key, value in lengths.items()}}}
+        return measured_workload(workload, attrs)
+
+    original, node_prior.measured_workload = node_prior.measured_workload, with_logged
+    try:
+        return study_rows(study, cfg)
+    finally:
+        node_prior.measured_workload = original
+
+
 def profile_factors(rows: dict, others: list, probes: int, eager_decode: bool) -> dict[str, float]:
     """measured/predicted per phase of a profile holding one study's rows, as a job of this decode mode reads it
     (storage/node_profile.py: the path a study takes)."""
@@ -63,7 +95,7 @@ def profile_factors(rows: dict, others: list, probes: int, eager_decode: bool) -
 
 
 def check(study: optuna.Study, loop: bool) -> None:
-    rows, others, probes = study_rows(study, source_cfg(study, loop))
+    rows, others, probes = rows_at_lengths(study, source_cfg(study, loop), logged_lengths(SOURCE_DB))
     factor = profile_factors(rows, others, probes, eager_decode=True)  # the held-out probes run vLLM eager too
     print(f"profile from {SOURCE_DB.relative_to(RESULTS.parent.parent)}: {probes} measured probes")
     for phase in PHASES:

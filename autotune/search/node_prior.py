@@ -27,7 +27,7 @@ from autotune.spaces.candidate import Candidate
 from autotune.storage.node_profile import (PROFILE_ATTR, PROFILE_ROWS, NodeKind, detect_kind, profile_row,
                                            record_study, summary_for)
 from autotune.storage.records import MAX_UNDER, peak_over_predicted, records
-from autotune.storage.results import workload_of
+from autotune.storage.results import measured_workload, workload_of
 from autotune.storage.tuning_cost import launch_overhead_s
 from autotune.storage.urls import redact
 
@@ -48,14 +48,17 @@ def start_profile(study: optuna.Study, cfg: TuneConfig) -> dict:
 
 def _measured_probes(study: optuna.Study, cfg: TuneConfig):
     """(user attrs, the uncorrected model's answer) of each of this study's measured probes, priced by this autotune's
-    model; simulated ones and copies of another trial's measurement are left out."""
+    model at the prompt and response lengths the probe measured (storage/results.measured_workload), so that a
+    residual in the profile is the node's and not this job's length error (the workload's lengths are assumptions;
+    the next job's differ); simulated ones and copies of another trial's measurement are left out."""
     identity = study.user_attrs["identity"]
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         attrs = t.user_attrs
         if attrs.get("state") != "measured" or attrs.get("simulated") or attrs.get("duplicate_of") is not None \
                 or "candidate" not in attrs:
             continue
-        yield attrs, base_prediction(cfg, Candidate.from_params(attrs["candidate"]), workload_of(identity, attrs))
+        workload = measured_workload(workload_of(identity, attrs), attrs)
+        yield attrs, base_prediction(cfg, Candidate.from_params(attrs["candidate"]), workload)
 
 
 def study_rows(study: optuna.Study, cfg: TuneConfig) -> tuple[dict[str, list[float]], list[float], int]:

@@ -29,8 +29,9 @@ from autotune.model.cost import MODEL_REVISION
 PROFILE_ATTR = "node_profile"  # the study attribute: the profile a study started from (or why none)
 PROFILE_DIR_ENV = "AUTOTUNE_PROFILE_DIR"
 MIN_PROFILE_PROBES = 2  # one probe's residual is as much its configuration's as the node's
-# how a profile's rows are keyed (profile_row); another layout starts new profiles, as a new time model does
-PROFILE_ROWS = "2026-12-07-gen-by-decode-mode"
+# how a profile's rows are keyed (profile_row) and priced; another layout starts new profiles, as a new time model
+# does. 2026-12-08: each probe priced at the prompt and response lengths it measured (search/node_prior.py)
+PROFILE_ROWS = "2026-12-08-measured-lengths"
 EAGER_SUFFIX = "@eager"
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+import math
+import statistics
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import optuna
@@ -16,6 +18,7 @@ from autotune.storage.changes import changes_doc
 from autotune.storage.noise import measured_noise, score_noise, speedup_interval
 from autotune.storage.tuning_cost import payback, planned_steps, tuning_cost
 from autotune.verl.engines import holds
+from autotune.verl.metrics import PROMPT_MEAN_KEY, RESPONSE_MEAN_KEY
 from autotune.verl.export import (edited_by_hand, export_header, model_engine, set_aside, verl_overrides,
                                   write_best_yaml)
 from autotune.storage.records import (POSTERIOR_ATTR, TIE_FRACTION, TrialRecord, baseline_label, baseline_record,
@@ -37,6 +40,50 @@ def workload_of(identity: dict, trial_attrs: dict | None = None) -> Workload:
     values = {k: v for k, v in identity["workload"].items() if k in known}
     values.update((trial_attrs or {}).get("workload_tuned") or {})
     return Workload(**values)
+
+
+def measured_workload(workload: Workload, trial_attrs: dict) -> Workload:
+    """`workload` at the prompt and response means verl measured over this probe's timed steps (the medians of its
+    prompt_length/mean and response_length/mean, kept in the trial's series), where it logged them; else as it is.
+
+    The workload's lengths are assumptions (prompt_fill 0.4 of the prompt cap, responses at the cap unless the user
+    says otherwise) and the training passes are priced by the tokens, so a residual against them holds the job's
+    length error as well as the node's: on one H100 the recipe's jobs measured prompts of 70-75 tokens where 0.4 of
+    the 256 cap is 102 (benchmarks/results/h100-2026-12-07-verl-profile, metrics.jsonl), and a real model's responses
+    run far below their cap."""
+    series = trial_attrs.get("series") or {}
+    changes = {}
+    prompt = _finite_median(series.get(PROMPT_MEAN_KEY))
+    if prompt is not None and prompt > 0:
+        changes["prompt_fill"] = min(prompt / workload.max_prompt_length, 1.0)
+    response = _finite_median(series.get(RESPONSE_MEAN_KEY))
+    if response is not None and response > 0:
+        changes["mean_response_length"] = min(response, float(workload.max_response_length))
+    return replace(workload, **changes) if changes else workload
+
+
+def lengths_line(study: optuna.Study) -> str | None:
+    """One line for `show`: the prompt and response means verl measured over the study's probes (the median of its
+    probes' medians) against the workload's assumed ones, which the time model priced the candidates at; None where
+    no probe logged them (the sim, the torch backend, studies before 2026-12-08)."""
+    identity = identity_of(study)
+    workload = workload_of(identity)
+    measured = [measured_workload(workload, t.user_attrs) for t in study.get_trials(deepcopy=False)
+                if t.user_attrs.get("state") == "measured" and not t.user_attrs.get("simulated")]
+    measured = [w for w in measured if w is not workload]
+    if not measured:
+        return None
+    prompt = statistics.median(w.prompt_fill * w.max_prompt_length for w in measured)
+    response = statistics.median(w.response_mean for w in measured)
+    return (f"verl measured prompts of {prompt:.0f} and responses of {response:.0f} tokens on median; the time model "
+            f"priced this study's candidates at {workload.prompt_fill * workload.max_prompt_length:.0f} and "
+            f"{workload.response_mean:.0f} (tune.yaml's workload.prompt_fill and response_length.mean set them) and "
+            f"the node profile takes the measured ones")
+
+
+def _finite_median(values) -> float | None:
+    finite = [float(v) for v in values or () if isinstance(v, (int, float)) and math.isfinite(v)]
+    return statistics.median(finite) if finite else None
 
 
 def summary(study: optuna.Study, storage_url: str) -> dict:

@@ -189,6 +189,10 @@ PHASES = ("gen", "old_log_prob", "ref", "update_actor", "update_weights", "step"
 # verl-project/verl#2060, logged them unprefixed. Prefer the new name, fall back to the old one.
 ALLOCATED_KEYS = ("actor/perf/max_memory_allocated_gb", "perf/max_memory_allocated_gb")
 RESERVED_KEYS = ("actor/perf/max_memory_reserved_gb", "perf/max_memory_reserved_gb")
+# the prompt and response lengths verl measured in each step (trainer/ppo/metric_utils.py:573, 589): the job's own,
+# where the workload only assumes them (prompt_fill, mean_response_length)
+PROMPT_MEAN_KEY = "prompt_length/mean"
+RESPONSE_MEAN_KEY = "response_length/mean"
 
 
 @dataclass(frozen=True)
@@ -273,7 +277,7 @@ def _max_of_first_present(steps: list[StepMetrics], keys: tuple[str, ...]) -> fl
 
 def _series_keys() -> tuple[str, ...]:
     phase_keys = tuple(f"timing_s/{phase}" for phase in PHASES)
-    return (THROUGHPUT_KEY, MFU_KEY, *phase_keys, *ALLOCATED_KEYS, *RESERVED_KEYS)
+    return (THROUGHPUT_KEY, MFU_KEY, *phase_keys, *ALLOCATED_KEYS, *RESERVED_KEYS, PROMPT_MEAN_KEY, RESPONSE_MEAN_KEY)
 
 
 def _series(steps: list[StepMetrics]) -> dict[str, list[float]]:

@@ -3,6 +3,7 @@
 The GPU is a TEST DOUBLE here (detect_kind returns a fixed H200 kind); the probes are the verl runner's, run by the
 step-switch double (tests/backends/verl/verl_double). The model terms are checked on committed real H200 rows."""
 
+import math
 import os
 import statistics
 import sys
@@ -23,6 +24,7 @@ from autotune.search.prescreen import MemoryGate
 from autotune.search.warmstart import predicted
 from autotune.spaces.candidate import Candidate
 from autotune.storage.node_profile import PROFILE_ATTR, NodeKind, NodeProfile, load_profile, phase_factors, profile_row
+from autotune.storage.results import lengths_line
 from autotune.workload import Workload
 
 DOUBLE = Path(__file__).parents[1] / "backends" / "verl" / "verl_double"
@@ -87,6 +89,31 @@ def test_a_verl_study_leaves_its_probes_and_the_next_study_starts_from_them(tmp_
     with_profile = predicted(second_cfg, cand, second_cfg.workload, MemoryGate(), factors=factors)
     assert warm[0].user_attrs["predicted_tokens_per_s_per_gpu"] == pytest.approx(with_profile)
     assert with_profile != pytest.approx(predicted(second_cfg, cand, second_cfg.workload, MemoryGate()))
+
+
+def test_a_profile_prices_each_probe_at_the_lengths_it_measured(tmp_path, h200_node, monkeypatch):
+    # verl logged prompts of 60 and responses of 256 tokens where the workload assumes 0.4 of the 512 cap and responses
+    # at the 1024 cap: the profile keeps the node's residual at the lengths the probe ran, not this job's length error
+    # (x4 fewer response tokens), which the next job on the node would not share
+    monkeypatch.setenv("AUTOTUNE_DOUBLE_LENGTHS", "60,256")
+    cfg = _cfg(tmp_path, trials=3)
+    study = run_study(cfg, _runner())
+    measured = [t.user_attrs for t in study.trials if t.user_attrs.get("state") == "measured"]
+    assert measured and all(a["series"]["response_length/mean"] for a in measured)
+    ran = replace(cfg.workload, prompt_fill=60 / 512, mean_response_length=256.0)
+
+    def residuals(workload):
+        return sorted(math.log(a["phase_s"]["update_actor"] / base_prediction(
+            cfg, Candidate.from_params(a["candidate"]), workload).phase_s["update_actor"]) for a in measured)
+
+    rows = sorted(load_profile(KIND).rows("update_actor"))
+    assert rows == pytest.approx(residuals(ran))
+    # the update priced at the assumed lengths is x1.55 slower here (not x3.9 as the tokens: fixed micro-batches of
+    # a 7B pay a host floor per micro-batch whatever their length), so its residual would read the node x1.55 fast
+    assert statistics.median(residuals(ran)) - statistics.median(residuals(cfg.workload)) > math.log(1.4)
+    # and `show` says what verl measured against what the model priced the candidates at
+    assert lengths_line(study).startswith("verl measured prompts of 60 and responses of 256 tokens on median; the time "
+                                          "model priced this study's candidates at 205 and 1024")
 
 
 def test_a_study_of_an_eager_job_leaves_its_gen_apart_from_a_cuda_graph_jobs(tmp_path, h200_node):
@@ -178,6 +205,7 @@ def test_a_sim_study_neither_uses_nor_leaves_a_profile(tmp_path, h200_node):
     study = run_study(cfg, get_runner("sim"))
     assert study.user_attrs[PROFILE_ATTR] == {"none": "the sim measures nothing"}
     assert not (tmp_path / "profiles").exists()
+    assert lengths_line(study) is None  # the sim measures no lengths either
 
 
 @pytest.mark.parametrize("loop", [False, True], ids=["as-for-flash-attn", "loop-priced"])

@@ -265,6 +265,14 @@ def test_summarize_drops_val_and_warmup():
     assert summary.series["perf/throughput"] == [pytest.approx(1248.9824178222054)]
 
 
+def test_summarize_keeps_the_lengths_verl_measured():
+    # a real verl log's prompt_length/mean and response_length/mean (the timed step 72): what the node profile prices
+    # a probe at (storage/results.measured_workload) instead of the workload's assumed lengths
+    summary = summarize(numpy2_run(), warmup_steps=1)
+    assert summary.series["prompt_length/mean"] == [pytest.approx(102.1875)]
+    assert summary.series["response_length/mean"] == [pytest.approx(163.30078125)]
+
+
 def test_summarize_medians_over_timed_steps():
     summary = summarize(numpy2_run(), warmup_steps=0)
     assert summary.timed_steps == 2

@@ -68,6 +68,10 @@ def main():
             train_s, tokens = 8.0 / (1 + micro / 100), 8000.0  # the switched micro-batch drives the training only
             data.update({"timing_s/gen": gen, "timing_s/step": gen + train_s, "perf/total_num_tokens": tokens,
                          "perf/throughput": tokens / (gen + train_s)})
+        lengths = os.environ.get("AUTOTUNE_DOUBLE_LENGTHS")  # "prompt mean,response mean": as verl logs them
+        if lengths:
+            prompt_mean, response_mean = (float(v) for v in lengths.split(","))
+            data.update({"prompt_length/mean": prompt_mean, "response_length/mean": response_mean})
         metrics.write((json.dumps({"step": step, "data": data}) + "\n").encode())
         print(PREFIX + " - ".join([f"step:{step}"] + [f"{k}:{v}" for k, v in data.items()]), flush=True)
 

@@ -58,6 +58,10 @@ def main():
                 "timing_s/ref": 0.3, "timing_s/update_actor": 1.0, "timing_s/update_weights": 0.1,
                 "timing_s/step": 3.2, "perf/throughput": throughput, "perf/mfu/actor": 0.3 + 0.01 * step,
                 "actor/perf/max_memory_allocated_gb": 40.0 + step, "actor/perf/max_memory_reserved_gb": 50.0}
+        lengths = os.environ.get("AUTOTUNE_DOUBLE_LENGTHS")  # "prompt mean,response mean": as verl logs them
+        if lengths:
+            prompt_mean, response_mean = (float(v) for v in lengths.split(","))
+            data.update({"prompt_length/mean": prompt_mean, "response_length/mean": response_mean})
         metrics.write((json.dumps({"step": step, "data": data}) + "\n").encode())
         line = " - ".join([f"step:{step}"] + [f"{k}:np.float64({v})" if k.startswith("perf/") else f"{k}:{v}"
                                                for k, v in data.items()])
