@@ -66,7 +66,9 @@ def lengths_line(study: optuna.Study) -> str | None:
     """One line for `show`: the prompt and response means verl measured over the study's probes (the median of its
     probes' medians) against the workload's assumed ones, which the time model priced the candidates at; None where
     no probe logged them (the sim, the torch backend, studies before 2026-12-08)."""
-    identity = identity_of(study)
+    identity = study.user_attrs.get("identity") or {}
+    if "workload" not in identity:  # not an autotune study, or one from before its identity kept the workload
+        return None
     workload = workload_of(identity)
     measured = [measured_workload(workload, t.user_attrs) for t in study.get_trials(deepcopy=False)
                 if t.user_attrs.get("state") == "measured" and not t.user_attrs.get("simulated")]

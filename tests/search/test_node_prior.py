@@ -25,6 +25,7 @@ from autotune.search.warmstart import predicted
 from autotune.spaces.candidate import Candidate
 from autotune.storage.node_profile import PROFILE_ATTR, NodeKind, NodeProfile, load_profile, phase_factors, profile_row
 from autotune.storage.results import lengths_line
+from autotune.ui import print_trials
 from autotune.workload import Workload
 
 DOUBLE = Path(__file__).parents[1] / "backends" / "verl" / "verl_double"
@@ -91,7 +92,7 @@ def test_a_verl_study_leaves_its_probes_and_the_next_study_starts_from_them(tmp_
     assert with_profile != pytest.approx(predicted(second_cfg, cand, second_cfg.workload, MemoryGate()))
 
 
-def test_a_profile_prices_each_probe_at_the_lengths_it_measured(tmp_path, h200_node, monkeypatch):
+def test_a_profile_prices_each_probe_at_the_lengths_it_measured(tmp_path, h200_node, monkeypatch, capsys):
     # verl logged prompts of 60 and responses of 256 tokens where the workload assumes 0.4 of the 512 cap and responses
     # at the 1024 cap: the profile keeps the node's residual at the lengths the probe ran, not this job's length error
     # (x4 fewer response tokens), which the next job on the node would not share
@@ -114,6 +115,8 @@ def test_a_profile_prices_each_probe_at_the_lengths_it_measured(tmp_path, h200_n
     # and `show` says what verl measured against what the model priced the candidates at
     assert lengths_line(study).startswith("verl measured prompts of 60 and responses of 256 tokens on median; the time "
                                           "model priced this study's candidates at 205 and 1024")
+    print_trials(study)
+    assert "verl measured prompts of 60 and responses of 256 tokens" in capsys.readouterr().out
 
 
 def test_a_study_of_an_eager_job_leaves_its_gen_apart_from_a_cuda_graph_jobs(tmp_path, h200_node):
